@@ -1,0 +1,36 @@
+# The README's commands. Everything installs into .venv; torch comes first, from the CPU wheel
+# this machine carries (a plain `pip install torch` would fetch a multi-GB CUDA build).
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+TORCH  ?= torch==2.13.0
+
+.PHONY: demo test lint bench install clean
+
+install: $(STAMP)
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --upgrade pip
+
+$(STAMP): pyproject.toml | $(PY)
+	$(PY) -m pip install $(TORCH)
+	$(PY) -m pip install -e '.[dev,verl]'
+	touch $(STAMP)
+
+# Until the local engine lands, the demo prints the composed default recipe.
+demo: install
+	$(VENV)/bin/slca-exp train --cfg job
+
+lint: install
+	$(VENV)/bin/ruff check .
+
+test: install lint
+	$(VENV)/bin/pytest
+
+bench: install
+	$(PY) benchmarks/estimators.py
+
+clean:
+	rm -rf $(VENV) outputs multirun .pytest_cache .ruff_cache .hypothesis

@@ -1,0 +1,1 @@
+"""Typed config schema, composition and validation."""

@@ -1,0 +1,226 @@
+"""The typed schema of a run: one dataclass per config group, stored in Hydra's ConfigStore.
+
+``conf/config.yaml`` puts :class:`RunConfig` (stored as ``run_config``) first in its defaults
+list, so every YAML option of every group is merged onto its dataclass: a wrong type or an unknown
+key in a YAML file fails composition with its full key. Value checks (ranges, choices) live next
+to each field (``param(..., gt=0)``) and cross-field checks in ``validate.py``; both run before
+anything starts.
+
+Each group schema is also stored as ``schema/<group>`` so a user's own option file can extend it:
+``defaults: [/schema/judge@_here_, _self_]``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hydra.core.config_store import ConfigStore
+
+from slca_exp.config.fields import param
+
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+@dataclass
+class TinyArchConfig:
+    """Architecture of a tiny causal LM built from scratch (``backbone.source=builtin``)."""
+
+    num_layers: int = param(2, "transformer blocks", gt=0)
+    hidden_size: int = param(64, "model width", gt=0)
+    num_heads: int = param(4, "attention heads; must divide hidden_size", gt=0)
+    intermediate_size: int = param(128, "MLP width", gt=0)
+    vocab_size: int = param(1024, "tokenizer vocabulary size (trained on the split)", gt=0)
+    max_position_embeddings: int = param(2048, "longest sequence the model accepts", gt=0)
+
+
+@dataclass
+class BackboneConfig:
+    """The policy model (recorded component 1 of 5)."""
+
+    name: str = param("tiny", "identifier recorded with the run")
+    source: str = param(
+        "builtin",
+        "builtin (tiny, built here) | hf (hub id) | local (a folder)",
+        choices=("builtin", "hf", "local"),
+    )
+    path: str | None = param(None, "hub id or local folder of the weights (source hf/local)")
+    revision: str | None = param(None, "pinned hub revision (commit) of the weights")
+    dtype: str = param("float32", "parameter dtype", choices=DTYPES)
+    chat_template: str | None = param(None, "jinja chat-template file; default: the tokenizer's")
+    arch: TinyArchConfig | None = param(None, "architecture when source=builtin")
+
+
+@dataclass
+class ToolWeights:
+    """HierR tool process weights: R_tool = sum(weight * component)."""
+
+    format: float = param(0.10, "well-formed <tool_call> blocks", ge=0, finite=True)
+    name: float = param(0.25, "tool-name F1 against gold", ge=0, finite=True)
+    key: float = param(0.15, "argument-key Jaccard", ge=0, finite=True)
+    value: float = param(0.20, "argument-value agreement", ge=0, finite=True)
+    parallel: float = param(0.30, "calls per turn match gold", ge=0, finite=True)
+
+
+@dataclass
+class RewardConfig:
+    """HierR rewards (recorded component 2 of 5)."""
+
+    name: str = param("hierr", "identifier recorded with the run")
+    variant: str = param(
+        "strict", "paper (exact parity) | strict (defects fixed)", choices=("paper", "strict")
+    )
+    tool_weights: ToolWeights = param(default_factory=ToolWeights, help="tool process weights")
+    normalize: bool = param(False, "rescale tool_weights to sum to 1 (and record the result)")
+    process_weight: float = param(1.0, "w_process: weight of R_tool in the total", ge=0)
+    summary_weight: float = param(1.0, "w_respq: weight of R_sum in the total", ge=0)
+    no_call_penalty: float = param(
+        -0.5, "total score when a call was needed and none made", le=0, finite=True
+    )
+    judge_failure: str = param(
+        "absent", "absent (summary not scored) | zero (paper: score 0)", choices=("absent", "zero")
+    )
+    normalize_strings: bool = param(False, "BFCL-style string normalisation (strict variant)")
+
+
+@dataclass
+class ServiceConfig:
+    """A frozen model answering over an OpenAI-compatible HTTP API, or a CPU stand-in."""
+
+    name: str = param("", "identifier recorded with the run")
+    backend: str = param("", "implementation (see the group's options)")
+    model: str | None = param(None, "served model name (HTTP backends)")
+    base_url: str | None = param(None, "OpenAI-compatible endpoint, e.g. http://host:8000/v1")
+    api_key_env: str | None = param(None, "NAME of the env var holding the API key (never the key)")
+    prompt: str | None = param(None, "prompt template file (its sha256 is recorded)")
+    prompt_version: str | None = param(None, "prompt version recorded with the run")
+    temperature: float = param(0.0, "sampling temperature", ge=0)
+    max_tokens: int = param(1024, "completion budget", gt=0)
+    timeout_s: float = param(60.0, "per-request timeout in seconds", gt=0)
+    max_retries: int = param(3, "retries on 5xx and transport errors", ge=0)
+    concurrency: int = param(8, "requests in flight at once", gt=0)
+    cache: bool = param(True, "reuse answers from the persistent cache")
+
+
+@dataclass
+class JudgeConfig(ServiceConfig):
+    """The summary judge (recorded component 3 of 5)."""
+
+    name: str = param("rubric", "identifier recorded with the run")
+    backend: str = param(
+        "rubric", "rubric (deterministic CPU) | openai (HTTP)", choices=("rubric", "openai")
+    )
+    max_tokens: int = param(8192, "completion budget", gt=0)
+
+
+@dataclass
+class SimulatorConfig(ServiceConfig):
+    """The tool simulator (recorded component 4 of 5)."""
+
+    name: str = param("replay", "identifier recorded with the run")
+    backend: str = param(
+        "replay",
+        "replay (deterministic) | sgls (schema-guided LLM over HTTP)",
+        choices=("replay", "sgls"),
+    )
+    temperature: float = param(0.6, "sampling temperature", ge=0)
+    check_required_args: bool = param(True, "refuse calls missing required schema arguments")
+
+
+@dataclass
+class DataFiles:
+    """Parquet files of one data split; relative paths are relative to ``data.dir``."""
+
+    sft: str | None = param(None, "SFT trajectories")
+    train: str | None = param(None, "RL prompts")
+    val: str | None = param(None, "validation prompts")
+
+
+@dataclass
+class DataConfig:
+    """The data split (recorded component 5 of 5)."""
+
+    name: str = param("synthetic", "identifier recorded with the run")
+    kind: str = param(
+        "synthetic",
+        "synthetic (generated here) | files (user parquet files)",
+        choices=("synthetic", "files"),
+    )
+    dir: str | None = param(None, "folder holding the files (synthetic: where to write them)")
+    files: DataFiles = param(default_factory=DataFiles, help="split files")
+    rows: int = param(256, "rows to generate (synthetic)", gt=0)
+    seed: int = param(42, "data generation / shuffling seed")
+
+
+@dataclass
+class AlgorithmConfig:
+    """The advantage estimator and its hyper-parameters."""
+
+    name: str = param("slca_grpo", "estimator: grpo | slca_grpo | toolpo_grpo (registry name)")
+    group_size: int = param(8, "rollouts per prompt (GRPO's n)", ge=2)
+    norm_by_std: bool = param(True, "divide by the group std (False: Dr.GRPO, mean only)")
+    eps: float = param(1e-6, "added to the group std", gt=0, finite=True)
+    tool_weight: float = param(
+        1.0, "lambda_tool, post-normalisation (slca_grpo)", ge=0, finite=True
+    )
+    summary_weight: float = param(
+        1.0, "lambda_sum, post-normalisation (slca_grpo)", ge=0, finite=True
+    )
+    toolpo_lambda: float = param(
+        1.0, "weight of the tool-only advantage (toolpo_grpo)", ge=0, finite=True
+    )
+
+
+@dataclass
+class EngineConfig:
+    """Where and how the run executes."""
+
+    name: str = param("local", "local (CPU / one GPU) | verl (cluster)", choices=("local", "verl"))
+    device: str = param("auto", "auto | cpu | cuda", choices=("auto", "cpu", "cuda"))
+
+
+@dataclass
+class TrackingConfig:
+    """Experiment trackers that receive the recipe and metrics."""
+
+    backends: list[str] = param(default_factory=list, help="any of: mlflow, wandb, console")
+
+
+@dataclass
+class RunConfig:
+    """One run: the five recorded components, the algorithm, the engine and tracking."""
+
+    backbone: BackboneConfig = param(default_factory=BackboneConfig, help="policy model")
+    reward: RewardConfig = param(default_factory=RewardConfig, help="HierR rewards")
+    judge: JudgeConfig = param(default_factory=JudgeConfig, help="summary judge")
+    simulator: SimulatorConfig = param(default_factory=SimulatorConfig, help="tool simulator")
+    data: DataConfig = param(default_factory=DataConfig, help="data split")
+    algorithm: AlgorithmConfig = param(default_factory=AlgorithmConfig, help="estimator")
+    engine: EngineConfig = param(default_factory=EngineConfig, help="execution engine")
+    tracking: TrackingConfig = param(default_factory=TrackingConfig, help="trackers")
+    experiment_name: str = param("slca-exp", "experiment name (MLflow experiment, W&B project)")
+    run_name: str | None = param(None, "run name; default: derived from the overrides")
+    seed: int = param(42, "seed for model init and sampling")
+
+
+GROUPS: dict[str, type] = {
+    "backbone": BackboneConfig,
+    "reward": RewardConfig,
+    "judge": JudgeConfig,
+    "simulator": SimulatorConfig,
+    "data": DataConfig,
+    "algorithm": AlgorithmConfig,
+    "engine": EngineConfig,
+    "tracking": TrackingConfig,
+}
+"""Config group -> its schema."""
+
+
+def register_configs() -> None:
+    """Store the schemas in Hydra's ConfigStore (idempotent)."""
+    cs = ConfigStore.instance()
+    cs.store(name="run_config", node=RunConfig)
+    for group, schema in GROUPS.items():
+        cs.store(group="schema", name=group, node=schema)
+
+
+register_configs()

@@ -1,0 +1,269 @@
+"""Validation of a composed config: every problem at once, each with its full key and the fix.
+
+Three passes over the composed ``DictConfig``:
+
+1. structure: keys the schema does not know (typos, or keys added with ``+``), values left
+   missing (``???``);
+2. field checks declared beside each field in ``schema.py`` (ranges, choices);
+3. cross-field checks below (tool weights summing to 1, an HTTP judge needing a model, ...).
+
+Type errors are caught earlier, when values are merged onto the schema (``compose.py``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+import re
+import typing
+from dataclasses import dataclass
+from typing import Any
+
+from omegaconf import DictConfig, ListConfig, OmegaConf
+
+from slca_exp.config.fields import check_of
+from slca_exp.config.schema import RunConfig
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong with a config.
+
+    Attributes:
+        key: full dotted key, e.g. ``algorithm.eps``.
+        what: what is wrong.
+        fix: how to fix it.
+
+    """
+
+    key: str
+    what: str
+    fix: str
+
+    def __str__(self) -> str:
+        return f"{self.key}: {self.what}\n    fix: {self.fix}"
+
+
+class ConfigError(Exception):
+    """A config with problems; ``str(err)`` lists all of them."""
+
+    def __init__(self, problems: list[Problem]) -> None:
+        super().__init__(problems)
+        self.problems = problems
+
+    def __str__(self) -> str:
+        n = len(self.problems)
+        head = f"the recipe is invalid ({n} problem{'s' if n != 1 else ''}):"
+        return "\n".join([head, *(f"  {p}".replace("\n", "\n  ") for p in self.problems)])
+
+
+def problems_of(cfg: DictConfig) -> list[Problem]:
+    """Every problem of a composed config (empty when it is valid)."""
+    problems: list[Problem] = []
+    _walk(cfg, RunConfig, "", problems)
+    broken = {p.key.split(".")[0] for p in problems}
+    for section, check in _CROSS_CHECKS.items():
+        if section not in broken and section in cfg:
+            problems.extend(check(cfg[section]))
+    return problems
+
+
+def validate(cfg: DictConfig) -> RunConfig:
+    """Return the typed :class:`RunConfig` of a composed config.
+
+    Raises:
+        ConfigError: listing every problem found.
+
+    """
+    problems = problems_of(cfg)
+    if problems:
+        raise ConfigError(problems)
+    plain = OmegaConf.to_container(cfg, resolve=True)
+    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(RunConfig), plain))
+
+
+def field_names(schema: type) -> list[str]:
+    """Names of the fields of a dataclass schema."""
+    return [f.name for f in dataclasses.fields(schema)]
+
+
+def unknown_key_problem(key: str, schema: type) -> Problem:
+    """The problem for a key the ``schema`` (the dataclass of its parent) does not have."""
+    leaf = key.rsplit(".", 1)[-1]
+    known = field_names(schema)
+    parent = key.rsplit(".", 1)[0] if "." in key else "the top level"
+    close = difflib.get_close_matches(leaf, known, n=1)
+    stem = key.rsplit(".", 1)[0] + "." if "." in key else ""
+    hint = f"did you mean {stem}{close[0]}? Otherwise remove it. " if close else "remove it. "
+    return Problem(
+        key,
+        f"unknown key (the schema of {parent} has no {leaf!r})",
+        f"{hint}Known keys: {', '.join(known)}",
+    )
+
+
+def _walk(node: DictConfig, schema: type, prefix: str, problems: list[Problem]) -> None:
+    fields = {f.name: f for f in dataclasses.fields(schema)}
+    hints = typing.get_type_hints(schema)
+    for key in node:
+        full = f"{prefix}{key}"
+        if key not in fields:
+            problems.append(unknown_key_problem(full, schema))
+            continue
+        if OmegaConf.is_missing(node, key):
+            problems.append(Problem(full, "has no value (???)", f"set it: {full}=<value>"))
+            continue
+        value = node[key]
+        sub = _dataclass_in(hints[key])
+        if isinstance(value, DictConfig) and sub is not None:
+            _walk(value, sub, f"{full}.", problems)
+            continue
+        check = check_of(schema, key)
+        if check is None:
+            continue
+        for item in value if isinstance(value, ListConfig) else [value]:
+            found = check.problem(item)
+            if found:
+                default = fields[key].default
+                example = "" if default is dataclasses.MISSING else f" (default: {full}={default})"
+                problems.append(Problem(full, found[0], found[1] + example))
+
+
+def _dataclass_in(hint: Any) -> type | None:  # noqa: ANN401
+    """The dataclass a type hint names (``X`` or ``X | None``), if any."""
+    for candidate in typing.get_args(hint) or (hint,):
+        if dataclasses.is_dataclass(candidate):
+            return candidate  # type: ignore[return-value]
+    return None
+
+
+# --- cross-field checks ---------------------------------------------------------------------
+
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _check_reward(reward: DictConfig) -> list[Problem]:
+    weights = reward.tool_weights
+    total = sum(float(weights[k]) for k in weights)
+    if reward.normalize:
+        if total <= 0:
+            return [
+                Problem(
+                    "reward.tool_weights",
+                    "normalize=true needs at least one positive tool weight (they sum to 0)",
+                    "give some weight a positive value",
+                )
+            ]
+        return []
+    if not math.isclose(total, 1.0, abs_tol=1e-6):
+        return [
+            Problem(
+                "reward.tool_weights",
+                f"the five tool weights must sum to 1 (they sum to {total:g})",
+                "adjust them, or set reward.normalize=true to rescale (the rescaled weights "
+                "are recorded)",
+            )
+        ]
+    return []
+
+
+def _check_service(group: str) -> Any:  # noqa: ANN401
+    local = {"judge": "rubric", "simulator": "replay"}[group]
+
+    def check(service: DictConfig) -> list[Problem]:
+        problems = []
+        key_env = service.api_key_env
+        if key_env and not _ENV_NAME.fullmatch(str(key_env)):
+            problems.append(
+                Problem(
+                    f"{group}.api_key_env",
+                    "must be the NAME of an environment variable holding the key, not the key",
+                    f"export the key as e.g. MY_API_KEY and set {group}.api_key_env=MY_API_KEY",
+                )
+            )
+        if service.backend == local:
+            return problems
+        for key, example in (("model", "my-model"), ("base_url", "http://127.0.0.1:8000/v1")):
+            if not service[key]:
+                problems.append(
+                    Problem(
+                        f"{group}.{key}",
+                        f"{group}.backend={service.backend} talks to a served model and needs "
+                        f"{group}.{key}",
+                        f"set {group}.{key}={example}, or use {group}.backend={local}",
+                    )
+                )
+        return problems
+
+    return check
+
+
+def _check_backbone(backbone: DictConfig) -> list[Problem]:
+    if backbone.source == "builtin" and backbone.arch is None:
+        return [
+            Problem(
+                "backbone.arch",
+                "backbone.source=builtin builds a model from scratch and needs its architecture",
+                "set backbone.arch (see conf/backbone/tiny.yaml) or use backbone=tiny",
+            )
+        ]
+    if backbone.source in ("hf", "local") and not backbone.path:
+        return [
+            Problem(
+                "backbone.path",
+                f"backbone.source={backbone.source} needs the hub id or folder of the weights",
+                "set backbone.path=<hub id or folder>",
+            )
+        ]
+    return []
+
+
+def _check_data(data: DictConfig) -> list[Problem]:
+    if data.kind == "files" and not (data.files.train and data.files.val):
+        return [
+            Problem(
+                "data.files",
+                "data.kind=files needs at least data.files.train and data.files.val",
+                "set data.files.train=<parquet> data.files.val=<parquet> (and data.files.sft)",
+            )
+        ]
+    return []
+
+
+def _check_algorithm(algorithm: DictConfig) -> list[Problem]:
+    from slca_exp.estimators import ESTIMATORS
+
+    if algorithm.name not in ESTIMATORS:
+        return [
+            Problem(
+                "algorithm.name",
+                ESTIMATORS.unknown_message(algorithm.name),
+                "pick a registered estimator, e.g. algorithm=slca_grpo",
+            )
+        ]
+    return []
+
+
+def _check_tracking(tracking: DictConfig) -> list[Problem]:
+    allowed = ("mlflow", "wandb", "console")
+    return [
+        Problem(
+            f"tracking.backends[{i}]",
+            f"unknown tracker {name!r}",
+            f"use any of: {', '.join(allowed)}",
+        )
+        for i, name in enumerate(tracking.backends)
+        if name not in allowed
+    ]
+
+
+_CROSS_CHECKS = {
+    "backbone": _check_backbone,
+    "reward": _check_reward,
+    "judge": _check_service("judge"),
+    "simulator": _check_service("simulator"),
+    "data": _check_data,
+    "algorithm": _check_algorithm,
+    "tracking": _check_tracking,
+}

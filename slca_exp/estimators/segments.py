@@ -1,0 +1,231 @@
+"""Tool / summary segmentation of a rollout, read off its response mask.
+
+SLCA-GRPO (arXiv 2609.29050, Sec. 3) needs no learned segmenter: the response mask is 1 on tokens
+the policy generated and 0 on tokens the environment injected (tool responses, chat glue) or on
+padding. Its contiguous runs of 1s are the assistant turns. The last run is the summary; the union
+of all earlier runs is the tool segment. A rollout with a single run has only a summary; one with
+no run has neither.
+
+Everything is vectorised over the batch. The only per-row quantities needed are the start of the
+last run and the first and last learnable tokens; the masks follow from comparing token
+positions with them. Those "last set position" reductions run on the bool masks viewed as 64-bit
+words (8 tokens per word), so they read the mask once and allocate only (B, T/8) temporaries:
+at B=1024, T=4096 the estimator is dominated by memory traffic, not arithmetic.
+"""
+
+from __future__ import annotations
+
+import sys
+from functools import cached_property
+
+import torch
+
+_WORD = 8  # bool tokens per int64 word
+# Powers of 256 below 2**63: a word whose bytes are 0/1 is >= 256**j iff a byte >= j is set.
+_BYTE_STEPS = [256**j for j in range(1, _WORD)]
+# word * _BYTE_SUM has the sum of the word's bytes in its top byte (bytes are 0/1, sums <= 8).
+_BYTE_SUM = 0x0101010101010101
+
+
+class SegmentSplit:
+    """The two segments of every rollout in a batch (internal form used by the estimators).
+
+    The (B, T) tool and summary masks are built on first access: the estimators route advantages
+    from the summary span and the mask alone, so a caller that never reads the masks never pays
+    for them.
+
+    Attributes:
+        mask: (B, T) bool response mask.
+        in_summary_span: (B, T) bool, True at and after the start of the last run.
+        has_tool: (B,) bool, rollouts with at least one tool token.
+        has_summary: (B,) bool, rollouts with at least one summary token.
+        tool_tokens: () int64 number of tool tokens in the batch.
+        summary_tokens: () int64 number of summary tokens in the batch.
+
+    """
+
+    def __init__(
+        self,
+        mask: torch.Tensor,
+        in_summary_span: torch.Tensor,
+        has_tool: torch.Tensor,
+        has_summary: torch.Tensor,
+        tool_tokens: torch.Tensor,
+        summary_tokens: torch.Tensor,
+    ) -> None:
+        self.mask = mask
+        self.in_summary_span = in_summary_span
+        self.has_tool = has_tool
+        self.has_summary = has_summary
+        self.tool_tokens = tool_tokens
+        self.summary_tokens = summary_tokens
+
+    @cached_property
+    def tool_mask(self) -> torch.Tensor:
+        """(B, T) bool: learnable tokens before the summary span."""
+        return torch.gt(self.mask, self.in_summary_span)
+
+    @cached_property
+    def summary_mask(self) -> torch.Tensor:
+        """(B, T) bool: learnable tokens in the summary span."""
+        return self.mask & self.in_summary_span
+
+
+def as_bool_mask(response_mask: torch.Tensor) -> torch.Tensor:
+    """Return the response mask as a (B, T) bool tensor (non-zero = learnable).
+
+    Raises:
+        ValueError: the mask is not two-dimensional.
+
+    """
+    if not isinstance(response_mask, torch.Tensor):
+        response_mask = torch.as_tensor(response_mask)
+    if response_mask.dim() != 2:
+        raise ValueError(
+            f"response_mask must have shape (B, T), got {tuple(response_mask.shape)}; "
+            "pass one row per rollout"
+        )
+    return response_mask if response_mask.dtype == torch.bool else response_mask.bool()
+
+
+def _word_aligned(response_mask: torch.Tensor) -> torch.Tensor:
+    """(B, Tp) bool copy-or-view of the mask, Tp = T rounded up to a whole word, padded with 0."""
+    batch, length = response_mask.shape
+    padded = -(-length // _WORD) * _WORD
+    if padded == length:
+        mask = as_bool_mask(response_mask)
+        return mask if mask.is_contiguous() else mask.contiguous()
+    out = torch.zeros(batch, padded, dtype=torch.bool, device=response_mask.device)
+    out[:, :length] = response_mask
+    return out
+
+
+def last_set_index(bits: torch.Tensor, nonzero: torch.Tensor | None = None) -> torch.Tensor:
+    """(B,) int64 index of the last True in each row of a word-aligned (B, Tp) bool; -1 if none.
+
+    Args:
+        bits: (B, Tp) bool, Tp a multiple of 8, contiguous.
+        nonzero: (B, Tp/8) bool ``word != 0`` of ``bits``, when the caller already has it.
+
+    """
+    if sys.byteorder != "little":  # the word view below assumes little-endian byte order
+        pos = torch.arange(1, bits.shape[1] + 1, device=bits.device)
+        return (bits * pos).amax(dim=1) - 1
+    words = bits.view(torch.int64)
+    if nonzero is None:
+        nonzero = words != 0
+    word_pos = torch.arange(words.shape[1], dtype=torch.int32, device=bits.device)
+    last_word = (nonzero * word_pos).amax(dim=1).long()
+    word = words.gather(1, last_word.unsqueeze(1)).squeeze(1)  # 0 when the row has no True
+    steps = torch.tensor(_BYTE_STEPS, device=bits.device)
+    byte = (word.unsqueeze(1) >= steps).sum(dim=1)  # index of the highest non-zero byte
+    return torch.where(word != 0, last_word * _WORD + byte, -1)
+
+
+def first_set_index(bits: torch.Tensor, nonzero: torch.Tensor | None = None) -> torch.Tensor:
+    """(B,) int64 index of the first True in each row of a word-aligned (B, Tp) bool; -1 if none.
+
+    Args:
+        bits: (B, Tp) bool, Tp a multiple of 8, contiguous.
+        nonzero: (B, Tp/8) bool ``word != 0`` of ``bits``, when the caller already has it.
+
+    """
+    if sys.byteorder != "little":
+        pos = torch.arange(bits.shape[1], 0, -1, device=bits.device)
+        first = bits.shape[1] - (bits * pos).amax(dim=1)
+        return torch.where(bits.any(dim=1), first, -1)
+    words = bits.view(torch.int64)
+    if nonzero is None:
+        nonzero = words != 0
+    first_word = nonzero.view(torch.uint8).argmax(dim=1)  # argmax returns the first maximum
+    word = words.gather(1, first_word.unsqueeze(1)).squeeze(1)  # 0 when the row has no True
+    steps = torch.tensor(_BYTE_STEPS, device=bits.device)
+    byte = (word.unsqueeze(1) % steps == 0).sum(dim=1)  # number of all-zero low bytes
+    return torch.where(word != 0, first_word * _WORD + byte, -1)
+
+
+def count_set(bits: torch.Tensor) -> torch.Tensor:
+    """() int64 number of True in a word-aligned (B, Tp) bool, 8 tokens per multiply."""
+    if sys.byteorder != "little":
+        return torch.count_nonzero(bits)
+    words = bits.view(torch.int64)
+    # Wrapping int64 multiply: the top byte collects the byte sum, nothing carries into it.
+    return (words * _BYTE_SUM).bitwise_right_shift_(56).sum()
+
+
+def suffix_masks(start: torch.Tensor, length: int) -> torch.Tensor:
+    """(B, T) bool, row b True at positions >= start[b] (start clamped to [0, T]).
+
+    Every such row is a window of one (2T,) pattern, ``T`` False then ``T`` True: ``unfold``
+    views all T + 1 windows without copying, and ``index_select`` copies one per row. That is a
+    row-wise memcpy, several times cheaper than comparing positions with the starts.
+    """
+    pattern = torch.zeros(2 * length, dtype=torch.bool, device=start.device)
+    pattern[length:] = True
+    windows = pattern.unfold(0, length, 1)  # (T + 1, T); row j is True from position T - j
+    return windows.index_select(0, length - start.clamp(0, length))
+
+
+def split_segments(response_mask: torch.Tensor) -> SegmentSplit:
+    """Split every rollout of a batch into its tool and summary segments.
+
+    Args:
+        response_mask: (B, T) any dtype; non-zero marks learnable (policy-generated) tokens.
+
+    Returns:
+        A :class:`SegmentSplit` whose masks are disjoint and whose union is the response mask.
+
+    """
+    if not isinstance(response_mask, torch.Tensor):
+        response_mask = torch.as_tensor(response_mask)
+    as_bool_mask(response_mask[:0])  # shape check before any work
+    batch, length = response_mask.shape
+    mask = _word_aligned(response_mask)
+    padded = mask.shape[1]
+    if padded == 0:
+        empty = torch.zeros(batch, 0, dtype=torch.bool, device=mask.device)
+        none = torch.zeros(batch, dtype=torch.bool, device=mask.device)
+        zero = torch.zeros((), dtype=torch.long, device=mask.device)
+        return SegmentSplit(empty, empty, none, none, zero, zero)
+
+    # A run starts where the mask steps from 0 to 1 (or at t = 0 when the row starts with a 1).
+    starts = torch.empty_like(mask)
+    starts[:, :1] = mask[:, :1]
+    torch.gt(mask[:, 1:], mask[:, :-1], out=starts[:, 1:])
+    last_start = last_set_index(starts)
+    del starts
+    nonzero = mask.view(torch.int64) != 0
+    last_one = last_set_index(mask, nonzero)
+    first_one = first_set_index(mask, nonzero)
+    span = suffix_masks(last_start, length)
+    ones = count_set(mask)  # on the word-aligned mask, before trimming the padding
+    mask = mask[:, :length]
+
+    # The summary is one contiguous run, so its length follows from its two ends; the tool tokens
+    # are the rest (counted for the whole batch: no per-row (B, T) reduction is needed).
+    has_summary = last_one >= 0
+    has_tool = (first_one >= 0) & (first_one < last_start)
+    summary_tokens = torch.where(has_summary, last_one - last_start + 1, 0).sum()
+    tool_tokens = ones - summary_tokens
+    return SegmentSplit(mask, span, has_tool, has_summary, tool_tokens, summary_tokens)
+
+
+def segment_masks(response_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Tool and summary masks of every rollout.
+
+    Args:
+        response_mask: (B, T) any dtype; non-zero marks learnable tokens.
+
+    Returns:
+        ``(tool_mask, summary_mask)``, each (B, T) bool: the summary is the last contiguous run of
+        learnable tokens, the tool segment is every earlier run. They are disjoint and their union
+        is the response mask.
+
+    Example:
+        >>> tool, summary = segment_masks(torch.tensor([[1, 1, 0, 1, 0, 1, 1, 0]]))
+        >>> tool.int().tolist(), summary.int().tolist()
+        ([[1, 1, 0, 1, 0, 0, 0, 0]], [[0, 0, 0, 0, 0, 1, 1, 0]])
+
+    """
+    split = split_segments(response_mask)
+    return split.tool_mask, split.summary_mask

@@ -1,0 +1,87 @@
+"""ToolPO-GRPO baseline: a global GRPO advantage plus an extra tool-only advantage on tool tokens.
+
+Tool tokens get ``A_global + lambda * A_tool``, summary tokens get ``A_global``. ``A_global`` is
+the GRPO advantage of the total score (verl's rule, singleton groups pass through); ``A_tool`` is a
+presence-filtered normalisation (as in SLCA-GRPO) of a tool-correctness score, e.g. R_tool.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from slca_exp.estimators.group import (
+    GroupIds,
+    as_scores,
+    check_hparams,
+    dense_group_index,
+    group_normalize,
+)
+from slca_exp.estimators.routing import route
+from slca_exp.estimators.segments import split_segments
+from slca_exp.estimators.types import SegmentAdvantages
+
+
+def toolpo_grpo_advantages(
+    response_mask: torch.Tensor,
+    group_ids: GroupIds,
+    total_score: torch.Tensor | Sequence[float],
+    tool_score: torch.Tensor | Sequence[float],
+    *,
+    toolpo_lambda: float = 1.0,
+    norm_by_std: bool = True,
+    eps: float = 1e-6,
+) -> SegmentAdvantages:
+    """ToolPO-GRPO advantages.
+
+    Args:
+        response_mask: (B, T), non-zero on learnable tokens.
+        group_ids: (B,) prompt ids.
+        total_score: (B,) total score (NaN = rollout could not be scored).
+        tool_score: (B,) tool-correctness score (NaN = absent).
+        toolpo_lambda: weight of the tool-only advantage on tool tokens.
+        norm_by_std: divide by the unbiased std + eps (False: mean only).
+        eps: added to the std.
+
+    Returns:
+        :class:`SegmentAdvantages` with ``tool_adv = A_global + lambda * A_tool`` and
+        ``summary_adv = A_global``.
+
+    """
+    check_hparams(eps=eps, toolpo_lambda=toolpo_lambda)
+    split = split_segments(response_mask)
+    batch = split.mask.shape[0]
+    device = split.mask.device
+    total = as_scores(total_score, batch, "total_score").to(device)
+    tool = as_scores(tool_score, batch, "tool_score").to(device)
+    index, groups = dense_group_index(group_ids, batch, device)
+    total_present = torch.isfinite(total)
+    tool_present = split.has_tool & torch.isfinite(tool)
+    (a_global,) = group_normalize(
+        total.unsqueeze(0),
+        total_present.unsqueeze(0),
+        index,
+        groups,
+        norm_by_std=norm_by_std,
+        eps=eps,
+        small_group="passthrough",
+    )
+    (a_tool,) = group_normalize(
+        tool.unsqueeze(0),
+        tool_present.unsqueeze(0),
+        index,
+        groups,
+        norm_by_std=norm_by_std,
+        eps=eps,
+        small_group="zero",
+    )
+    return route(
+        split,
+        a_global + toolpo_lambda * a_tool,
+        a_global,
+        tool_present=(total_present | tool_present) & split.has_tool,
+        summary_present=total_present & split.has_summary,
+        index=index,
+        num_groups=groups,
+    )

@@ -1,0 +1,1 @@
+"""Experiment tracking: metric names now; trackers (MLflow, W&B, console) build on them."""

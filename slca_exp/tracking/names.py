@@ -1,0 +1,122 @@
+"""Every metric name slca-exp logs, defined once, each with its one-line meaning.
+
+Code never spells a metric name as a literal: it calls the helpers below. The README's metric
+glossary is checked against :data:`METRICS` by the test suite, so a name added here without a
+glossary line (or the other way round) fails CI.
+
+Segments are ``tool`` (every learnable run of a rollout but the last) and ``summary`` (the last
+learnable run); see ``slca_exp.estimators.segments``.
+"""
+
+from __future__ import annotations
+
+from typing import Final, Literal
+
+Segment = Literal["tool", "summary"]
+SEGMENTS: Final[tuple[Segment, ...]] = ("tool", "summary")
+ADV_STATS: Final[tuple[str, ...]] = ("mean", "std", "abs_mean", "min", "max")
+TOOL_COMPONENTS: Final[tuple[str, ...]] = ("format", "name", "key", "value", "parallel")
+
+
+def adv(segment: Segment, stat: str) -> str:
+    """``adv/{segment}/{stat}``: a statistic of the per-rollout advantage routed to a segment."""
+    _check(segment, SEGMENTS, "segment")
+    _check(stat, ADV_STATS, "advantage statistic")
+    return f"adv/{segment}/{stat}"
+
+
+def present_frac(segment: Segment) -> str:
+    """``segment/{segment}/present_frac``."""
+    _check(segment, SEGMENTS, "segment")
+    return f"segment/{segment}/present_frac"
+
+
+def zeroed_group_frac(segment: Segment) -> str:
+    """``segment/{segment}/zeroed_group_frac``."""
+    _check(segment, SEGMENTS, "segment")
+    return f"segment/{segment}/zeroed_group_frac"
+
+
+def tokens_mean(segment: Segment) -> str:
+    """``segment/{segment}/tokens/mean``."""
+    _check(segment, SEGMENTS, "segment")
+    return f"segment/{segment}/tokens/mean"
+
+
+def _check(value: str, allowed: tuple[str, ...], what: str) -> None:
+    if value not in allowed:
+        raise ValueError(f"unknown {what} {value!r}; expected one of {', '.join(allowed)}")
+
+
+def _catalogue() -> dict[str, str]:
+    m: dict[str, str] = {
+        "reward/tool/mean": "mean HierR tool process score over the batch",
+        "reward/tool/std": "std of the tool process score over the batch",
+        "reward/summary/mean": "mean judge summary score, (rating - 1) / 4, over scored rollouts",
+        "reward/summary/std": "std of the summary score over scored rollouts",
+        "reward/total/mean": (
+            "mean total score (w_process * tool + w_summary * summary, or the penalty)"
+        ),
+        "reward/no_call/frac": "fraction of rollouts that needed a tool call and made none",
+    }
+    for part in TOOL_COMPONENTS:
+        m[f"reward/tool/{part}/mean"] = f"mean of the '{part}' component of the tool process score"
+    stat_doc = {
+        "mean": "mean",
+        "std": "unbiased std",
+        "abs_mean": "mean absolute value",
+        "min": "minimum",
+        "max": "maximum",
+    }
+    for seg in SEGMENTS:
+        for stat in ADV_STATS:
+            m[adv(seg, stat)] = (
+                f"{stat_doc[stat]} of the per-rollout advantage on {seg} tokens, over rollouts "
+                f"whose {seg} segment is present"
+            )
+        m[present_frac(seg)] = (
+            f"fraction of rollouts whose {seg} segment is present (has tokens and a finite score)"
+        )
+        m[zeroed_group_frac(seg)] = (
+            f"fraction of groups in which no rollout gets a non-zero {seg} advantage "
+            "(fewer than 2 present members, or identical scores)"
+        )
+        m[tokens_mean(seg)] = f"mean number of {seg} tokens over rollouts that have a {seg} segment"
+    m.update(
+        {
+            "judge/failures": "judge calls that failed after retries (their summary is absent)",
+            "judge/cache_hit_frac": "fraction of judge requests answered from the cache",
+            "judge/latency_ms": "mean judge request latency in milliseconds",
+            "simulator/failures": "simulator calls that failed after retries",
+            "simulator/cache_hit_frac": "fraction of simulator requests answered from the cache",
+            "train/loss": "policy-gradient loss",
+            "train/kl": "mean KL to the reference policy",
+            "train/entropy": "mean token entropy of the policy",
+            "train/grad_norm": "gradient norm before clipping",
+            "train/lr": "learning rate",
+            "perf/step_s": "wall-clock seconds per training step",
+            "perf/tokens_per_s": "response tokens processed per second",
+            "val/success@0.9": "fraction of validation rows whose normalised total score is >= 0.9",
+        }
+    )
+    return m
+
+
+METRICS: Final[dict[str, str]] = _catalogue()
+"""Every metric name -> its meaning. ``val/<name>`` is the same metric on the validation split."""
+
+ESTIMATOR_STATS: Final[tuple[str, ...]] = tuple(
+    name for name in METRICS if name.startswith(("adv/", "segment/"))
+)
+"""The names an estimator's ``stats`` dict carries, in a stable order."""
+
+
+def glossary_markdown() -> str:
+    """The README's metric glossary table, generated from :data:`METRICS`."""
+    rows = ["| metric | meaning |", "| --- | --- |"]
+    rows += [f"| `{name}` | {doc} |" for name, doc in METRICS.items()]
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    print(glossary_markdown())

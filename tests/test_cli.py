@@ -1,0 +1,87 @@
+"""The command line, run as a user runs it: a subprocess of the installed console script."""
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+EXE = shutil.which("slca-exp") or str(Path(sys.executable).parent / "slca-exp")
+
+
+def cli(*args, cwd):
+    return subprocess.run([EXE, *args], cwd=cwd, capture_output=True, text=True, timeout=120)
+
+
+def test_validate_reports_both_problems_with_full_keys_and_exit_2(tmp_path):
+    res = cli(
+        "validate", "algorithm=slca_grpo", "algorithm.eps=-1", "+algorithm.bogus=3", cwd=tmp_path
+    )
+    assert res.returncode == 2
+    assert "algorithm.eps" in res.stderr and "algorithm.bogus" in res.stderr
+    assert "2 problems" in res.stderr and "Traceback" not in res.stderr + res.stdout
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_validate_accepts_a_good_recipe(tmp_path):
+    res = cli("validate", "algorithm=grpo,toolpo_grpo", "seed=3", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert "valid (2 jobs)" in res.stdout
+
+
+def test_train_cfg_job_prints_the_composed_recipe(tmp_path):
+    res = cli("train", "--cfg", "job", "algorithm=grpo", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    for key in (
+        "backbone:",
+        "reward:",
+        "judge:",
+        "simulator:",
+        "data:",
+        "algorithm:",
+        "engine:",
+        "tracking:",
+    ):
+        assert key in res.stdout
+    assert "name: grpo" in res.stdout
+
+
+def test_bad_sweep_is_refused_before_anything_is_created(tmp_path):
+    res = cli("train", "-m", "algorithm=grpo,slca_grpo", "algorithm.eps=0,1e-6", cwd=tmp_path)
+    assert res.returncode == 2
+    assert "algorithm.eps" in res.stderr and "2 of 4 jobs" in res.stderr
+    assert not (tmp_path / "multirun").exists() and not (tmp_path / "outputs").exists()
+
+
+def test_user_config_dir_from_the_command_line(tmp_path):
+    conf = tmp_path / "myconf" / "judge"
+    conf.mkdir(parents=True)
+    (conf / "vllm.yaml").write_text(
+        "defaults:\n  - /schema/judge@_here_\n  - _self_\nname: vllm-judge\nbackend: openai\n"
+        "model: gpt-oss-120b\nbase_url: http://127.0.0.1:8000/v1\napi_key_env: JUDGE_KEY\n"
+    )
+    res = cli(
+        "train",
+        "--config-dir",
+        str(tmp_path / "myconf"),
+        "judge=vllm",
+        "--cfg",
+        "job",
+        cwd=tmp_path,
+    )
+    assert res.returncode == 0, res.stderr
+    assert "model: gpt-oss-120b" in res.stdout
+
+
+def test_unknown_command_and_help(tmp_path):
+    assert cli("frobnicate", cwd=tmp_path).returncode == 2
+    res = cli("--help", cwd=tmp_path)
+    assert res.returncode == 0 and "validate" in res.stdout
+
+
+@pytest.mark.parametrize("command", ["train", "validate"])
+def test_unknown_option_is_one_clear_line(tmp_path, command):
+    res = cli(command, "backbone=llama-9000", cwd=tmp_path)
+    assert res.returncode == 2 and "choose one of: tiny" in res.stderr
+    assert "Traceback" not in res.stderr
