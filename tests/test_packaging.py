@@ -57,3 +57,23 @@ def test_wheel_carries_the_config_tree_and_runs_from_anywhere(tmp_path):
     )
     assert res.returncode == 0, res.stderr
     assert str(tmp_path / "site") in res.stdout and "valid" in res.stdout
+
+
+def test_benchmark_script_runs_at_a_tiny_size():
+    res = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "estimators.py"),
+            "--sizes",
+            "8x32x4",
+            "--rounds",
+            "3",
+            "--budget",
+            "0.01",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert res.returncode == 0, res.stderr
+    assert "slca_grpo" in res.stdout and "reference / slca_grpo" in res.stdout

@@ -38,12 +38,7 @@ def route(
     # the per-rollout vectors mean "what this rollout's segment tokens receive".
     tool32 = _to_float32(torch.where(split.has_tool, tool_adv, 0.0))
     summary32 = _to_float32(torch.where(split.has_summary, summary_adv, 0.0))
-    # One pass picks each token's segment value by position, one in-place pass zeroes the tokens
-    # outside the response mask: two streaming passes over (B, T).
-    advantages = torch.where(split.in_summary_span, summary32.unsqueeze(1), tool32.unsqueeze(1))
-    # Multiplying by the mask's uint8 view stays on the vectorised path (a bool operand would be
-    # converted to float first).
-    advantages.mul_(split.mask.view(torch.uint8))
+    advantages = fill_advantages(split, tool32, summary32)
     stats = segment_stats(
         torch.stack([tool32, summary32]),
         torch.stack([tool_present, summary_present]),
@@ -59,6 +54,31 @@ def route(
         split=split,
         stats=stats,
     )
+
+
+def fill_advantages(
+    split: SegmentSplit, tool_adv: torch.Tensor, summary_adv: torch.Tensor
+) -> torch.Tensor:
+    """(B, T) float32 token advantages: ``tool_adv`` on tool tokens, ``summary_adv`` on summary.
+
+    One streaming pass writes each row's tool value on every learnable token; the summary runs,
+    contiguous and usually a small share of the tokens, are then overwritten with one scatter of
+    just their elements. Rows whose two values are equal (always, for GRPO) need no scatter.
+    """
+    fill = torch.where(split.has_tool, tool_adv, summary_adv)
+    advantages = torch.where(split.mask, fill.unsqueeze(1), fill.new_zeros(()))
+    lengths = torch.where(fill != summary_adv, split.summary_len, 0)
+    total = int(lengths.sum())
+    if total:
+        length = split.mask.shape[1]
+        row_start = torch.arange(len(lengths), device=lengths.device) * length
+        # Flat index of every summary token: its run's first token plus its rank in the run.
+        first = row_start + split.summary_start - (lengths.cumsum(0) - lengths)
+        flat = torch.repeat_interleave(first, lengths, output_size=total)
+        flat += torch.arange(total, device=flat.device)
+        values = torch.repeat_interleave(summary_adv, lengths, output_size=total)
+        advantages.view(-1).index_put_((flat,), values)
+    return advantages
 
 
 _F32_MAX = float(torch.finfo(torch.float32).max)

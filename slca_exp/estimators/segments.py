@@ -7,10 +7,10 @@ of all earlier runs is the tool segment. A rollout with a single run has only a 
 no run has neither.
 
 Everything is vectorised over the batch. The only per-row quantities needed are the start of the
-last run and the first and last learnable tokens; the masks follow from comparing token
-positions with them. Those "last set position" reductions run on the bool masks viewed as 64-bit
-words (8 tokens per word), so they read the mask once and allocate only (B, T/8) temporaries:
-at B=1024, T=4096 the estimator is dominated by memory traffic, not arithmetic.
+last run and the first and last learnable tokens: the summary is the run between that start and
+the last token, the tool segment every learnable token before it. The "last set position"
+reductions run on the bool masks viewed as 64-bit words (8 tokens per word), so they allocate
+only (B, T/8) temporaries: at B=1024, T=4096 the estimator is bound by memory traffic.
 """
 
 from __future__ import annotations
@@ -30,13 +30,14 @@ _BYTE_SUM = 0x0101010101010101
 class SegmentSplit:
     """The two segments of every rollout in a batch (internal form used by the estimators).
 
-    The (B, T) tool and summary masks are built on first access: the estimators route advantages
-    from the summary span and the mask alone, so a caller that never reads the masks never pays
-    for them.
+    The summary of a rollout is one contiguous run, ``[summary_start, summary_start +
+    summary_len)``, so the split is described per row; the (B, T) tool and summary masks are
+    built on first access only (routing advantages needs the mask and the summary runs alone).
 
     Attributes:
         mask: (B, T) bool response mask.
-        in_summary_span: (B, T) bool, True at and after the start of the last run.
+        summary_start: (B,) int64 first summary token (0 when the row has no learnable token).
+        summary_len: (B,) int64 number of summary tokens.
         has_tool: (B,) bool, rollouts with at least one tool token.
         has_summary: (B,) bool, rollouts with at least one summary token.
         tool_tokens: () int64 number of tool tokens in the batch.
@@ -47,27 +48,32 @@ class SegmentSplit:
     def __init__(
         self,
         mask: torch.Tensor,
-        in_summary_span: torch.Tensor,
+        summary_start: torch.Tensor,
+        summary_len: torch.Tensor,
         has_tool: torch.Tensor,
-        has_summary: torch.Tensor,
         tool_tokens: torch.Tensor,
-        summary_tokens: torch.Tensor,
     ) -> None:
         self.mask = mask
-        self.in_summary_span = in_summary_span
+        self.summary_start = summary_start
+        self.summary_len = summary_len
         self.has_tool = has_tool
-        self.has_summary = has_summary
+        self.has_summary = summary_len > 0
         self.tool_tokens = tool_tokens
-        self.summary_tokens = summary_tokens
+        self.summary_tokens = summary_len.sum()
+
+    @cached_property
+    def in_summary_span(self) -> torch.Tensor:
+        """(B, T) bool: positions at or after the start of the summary run."""
+        return suffix_masks(self.summary_start, self.mask.shape[1])
 
     @cached_property
     def tool_mask(self) -> torch.Tensor:
-        """(B, T) bool: learnable tokens before the summary span."""
+        """(B, T) bool: learnable tokens before the summary run."""
         return torch.gt(self.mask, self.in_summary_span)
 
     @cached_property
     def summary_mask(self) -> torch.Tensor:
-        """(B, T) bool: learnable tokens in the summary span."""
+        """(B, T) bool: the summary run."""
         return self.mask & self.in_summary_span
 
 
@@ -137,7 +143,9 @@ def first_set_index(bits: torch.Tensor, nonzero: torch.Tensor | None = None) -> 
     words = bits.view(torch.int64)
     if nonzero is None:
         nonzero = words != 0
-    first_word = nonzero.view(torch.uint8).argmax(dim=1)  # argmax returns the first maximum
+    reverse_pos = torch.arange(words.shape[1], 0, -1, dtype=torch.int32, device=bits.device)
+    first_word = words.shape[1] - (nonzero * reverse_pos).amax(dim=1).long()
+    first_word = first_word.clamp_max(words.shape[1] - 1)  # rows without a True: any word
     word = words.gather(1, first_word.unsqueeze(1)).squeeze(1)  # 0 when the row has no True
     steps = torch.tensor(_BYTE_STEPS, device=bits.device)
     byte = (word.unsqueeze(1) % steps == 0).sum(dim=1)  # number of all-zero low bytes
@@ -178,36 +186,33 @@ def split_segments(response_mask: torch.Tensor) -> SegmentSplit:
     """
     if not isinstance(response_mask, torch.Tensor):
         response_mask = torch.as_tensor(response_mask)
-    as_bool_mask(response_mask[:0])  # shape check before any work
+    if response_mask.dim() != 2:
+        as_bool_mask(response_mask)  # raises the shape error
     batch, length = response_mask.shape
     mask = _word_aligned(response_mask)
     padded = mask.shape[1]
     if padded == 0:
         empty = torch.zeros(batch, 0, dtype=torch.bool, device=mask.device)
-        none = torch.zeros(batch, dtype=torch.bool, device=mask.device)
-        zero = torch.zeros((), dtype=torch.long, device=mask.device)
-        return SegmentSplit(empty, empty, none, none, zero, zero)
+        zeros = torch.zeros(batch, dtype=torch.long, device=mask.device)
+        return SegmentSplit(empty, zeros, zeros, zeros > 0, zeros.sum())
 
     # A run starts where the mask steps from 0 to 1 (or at t = 0 when the row starts with a 1).
     starts = torch.empty_like(mask)
     starts[:, :1] = mask[:, :1]
     torch.gt(mask[:, 1:], mask[:, :-1], out=starts[:, 1:])
     last_start = last_set_index(starts)
-    del starts
     nonzero = mask.view(torch.int64) != 0
     last_one = last_set_index(mask, nonzero)
     first_one = first_set_index(mask, nonzero)
-    span = suffix_masks(last_start, length)
     ones = count_set(mask)  # on the word-aligned mask, before trimming the padding
-    mask = mask[:, :length]
 
-    # The summary is one contiguous run, so its length follows from its two ends; the tool tokens
-    # are the rest (counted for the whole batch: no per-row (B, T) reduction is needed).
-    has_summary = last_one >= 0
+    # The summary is the last run, so its length follows from its two ends; the tool tokens are
+    # the rest (counted for the whole batch: no per-row (B, T) reduction is needed).
+    summary_len = torch.where(last_one >= 0, last_one - last_start + 1, 0)
     has_tool = (first_one >= 0) & (first_one < last_start)
-    summary_tokens = torch.where(has_summary, last_one - last_start + 1, 0).sum()
-    tool_tokens = ones - summary_tokens
-    return SegmentSplit(mask, span, has_tool, has_summary, tool_tokens, summary_tokens)
+    return SegmentSplit(
+        mask[:, :length], last_start.clamp_min(0), summary_len, has_tool, ones - summary_len.sum()
+    )
 
 
 def segment_masks(response_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
