@@ -120,7 +120,7 @@ def last_set_index(bits: torch.Tensor, nonzero: torch.Tensor | None = None) -> t
     words = bits.view(torch.int64)
     if nonzero is None:
         nonzero = words != 0
-    word_pos = torch.arange(words.shape[1], dtype=torch.int32, device=bits.device)
+    word_pos = torch.arange(words.shape[1], dtype=_index_dtype(words.shape[1]), device=bits.device)
     last_word = (nonzero * word_pos).amax(dim=1).long()
     word = words.gather(1, last_word.unsqueeze(1)).squeeze(1)  # 0 when the row has no True
     steps = torch.tensor(_BYTE_STEPS, device=bits.device)
@@ -143,13 +143,21 @@ def first_set_index(bits: torch.Tensor, nonzero: torch.Tensor | None = None) -> 
     words = bits.view(torch.int64)
     if nonzero is None:
         nonzero = words != 0
-    reverse_pos = torch.arange(words.shape[1], 0, -1, dtype=torch.int32, device=bits.device)
+    reverse_pos = torch.arange(
+        words.shape[1], 0, -1, dtype=_index_dtype(words.shape[1]), device=bits.device
+    )
     first_word = words.shape[1] - (nonzero * reverse_pos).amax(dim=1).long()
     first_word = first_word.clamp_max(words.shape[1] - 1)  # rows without a True: any word
     word = words.gather(1, first_word.unsqueeze(1)).squeeze(1)  # 0 when the row has no True
     steps = torch.tensor(_BYTE_STEPS, device=bits.device)
-    byte = (word.unsqueeze(1) % steps == 0).sum(dim=1)  # number of all-zero low bytes
+    lowest = word & -word  # the lowest set bit: 256**k for the lowest non-zero byte k
+    byte = (lowest.unsqueeze(1) >= steps).sum(dim=1)
     return torch.where(word != 0, first_word * _WORD + byte, -1)
+
+
+def _index_dtype(n: int) -> torch.dtype:
+    """The narrowest integer dtype holding 0..n (narrow temporaries stream fewer bytes)."""
+    return torch.int16 if n <= torch.iinfo(torch.int16).max else torch.int32
 
 
 def count_set(bits: torch.Tensor) -> torch.Tensor:
