@@ -51,7 +51,7 @@ def grpo_advantages(
     values = as_scores(score, batch, "score").to(split.mask.device)
     index, groups = dense_group_index(group_ids, batch, split.mask.device)
     present = torch.isfinite(values)
-    (adv,) = group_normalize(
+    adv = group_normalize(
         values.unsqueeze(0),
         present.unsqueeze(0),
         index,
@@ -60,12 +60,5 @@ def grpo_advantages(
         eps=eps,
         small_group="passthrough",
     )
-    return route(
-        split,
-        adv,
-        adv,
-        tool_present=present & split.has_tool,
-        summary_present=present & split.has_summary,
-        index=index,
-        num_groups=groups,
-    )
+    both = torch.stack([split.has_tool, split.has_summary]) & present
+    return route(split, adv.expand(2, -1), both, index, groups)

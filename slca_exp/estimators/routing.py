@@ -11,22 +11,17 @@ from slca_exp.estimators.types import SegmentAdvantages
 
 def route(
     split: SegmentSplit,
-    tool_adv: torch.Tensor,
-    summary_adv: torch.Tensor,
-    *,
-    tool_present: torch.Tensor,
-    summary_present: torch.Tensor,
+    adv: torch.Tensor,
+    present: torch.Tensor,
     index: torch.Tensor,
     num_groups: int,
 ) -> SegmentAdvantages:
-    """Give tool tokens ``tool_adv`` and summary tokens ``summary_adv``; every other token 0.
+    """Give tool tokens ``adv[0]`` and summary tokens ``adv[1]``; every other token 0.
 
     Args:
         split: the batch's segments.
-        tool_adv: (B,) float64 advantage of each rollout's tool segment.
-        summary_adv: (B,) float64 advantage of each rollout's summary segment.
-        tool_present: (B,) bool, rollouts whose tool segment took part (for the stats).
-        summary_present: (B,) bool, same for the summary.
+        adv: (2, B) float64 advantage of each rollout's tool (row 0) and summary (row 1) segment.
+        present: (2, B) bool, rollouts whose segment took part in normalisation (for the stats).
         index: (B,) int64 dense group ids.
         num_groups: G.
 
@@ -34,25 +29,15 @@ def route(
         The :class:`SegmentAdvantages` with its stats.
 
     """
-    # Advantages of rollouts without the segment are 0 by construction; zero them again so that
-    # the per-rollout vectors mean "what this rollout's segment tokens receive".
-    tool32 = _to_float32(torch.where(split.has_tool, tool_adv, 0.0))
-    summary32 = _to_float32(torch.where(split.has_summary, summary_adv, 0.0))
-    advantages = fill_advantages(split, tool32, summary32)
-    stats = segment_stats(
-        torch.stack([tool32, summary32]),
-        torch.stack([tool_present, summary_present]),
-        torch.stack([split.has_tool, split.has_summary]),
-        torch.stack([split.tool_tokens, split.summary_tokens]),
-        index,
-        num_groups,
-    )
+    has = torch.stack([split.has_tool, split.has_summary])
+    # Zero the advantage of a missing segment, so that the per-rollout vectors mean "what this
+    # rollout's segment tokens receive"; saturate instead of overflowing float32.
+    adv32 = torch.where(has, adv, 0.0).nan_to_num_(nan=0.0).clamp_(-_F32_MAX, _F32_MAX).float()
+    advantages = fill_advantages(split, adv32[0], adv32[1])
+    tokens = torch.stack([split.tool_tokens, split.summary_tokens])
+    stats = segment_stats(adv32, present, has, tokens, index, num_groups)
     return SegmentAdvantages(
-        advantages=advantages,
-        tool_adv=tool32,
-        summary_adv=summary32,
-        split=split,
-        stats=stats,
+        advantages=advantages, tool_adv=adv32[0], summary_adv=adv32[1], split=split, stats=stats
     )
 
 
@@ -96,8 +81,3 @@ def _run_positions(first: torch.Tensor, lengths: torch.Tensor, total: int) -> to
 
 
 _F32_MAX = float(torch.finfo(torch.float32).max)
-
-
-def _to_float32(values: torch.Tensor) -> torch.Tensor:
-    """Cast (B,) float64 advantages to float32, saturating instead of overflowing to inf."""
-    return torch.nan_to_num(values, nan=0.0).clamp(-_F32_MAX, _F32_MAX).to(torch.float32)

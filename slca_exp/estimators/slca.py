@@ -66,26 +66,16 @@ def slca_grpo_advantages(
     split = split_segments(response_mask)
     batch = split.mask.shape[0]
     device = split.mask.device
-    tool = as_scores(tool_score, batch, "tool_score").to(device)
-    summary = as_scores(summary_score, batch, "summary_score").to(device)
+    scores = torch.stack(
+        [
+            as_scores(tool_score, batch, "tool_score"),
+            as_scores(summary_score, batch, "summary_score"),
+        ]
+    ).to(device)
     index, groups = dense_group_index(group_ids, batch, device)
-    tool_present = split.has_tool & torch.isfinite(tool)
-    summary_present = split.has_summary & torch.isfinite(summary)
-    both = group_normalize(
-        torch.stack([tool, summary]),
-        torch.stack([tool_present, summary_present]),
-        index,
-        groups,
-        norm_by_std=norm_by_std,
-        eps=eps,
-        small_group="zero",
+    present = torch.stack([split.has_tool, split.has_summary]) & torch.isfinite(scores)
+    adv = group_normalize(
+        scores, present, index, groups, norm_by_std=norm_by_std, eps=eps, small_group="zero"
     )
-    return route(
-        split,
-        both[0] * tool_weight,
-        both[1] * summary_weight,
-        tool_present=tool_present,
-        summary_present=summary_present,
-        index=index,
-        num_groups=groups,
-    )
+    weights = torch.tensor([[tool_weight], [summary_weight]], dtype=adv.dtype, device=device)
+    return route(split, adv * weights, present, index, groups)

@@ -76,12 +76,8 @@ def toolpo_grpo_advantages(
         eps=eps,
         small_group="zero",
     )
-    return route(
-        split,
-        a_global + toolpo_lambda * a_tool,
-        a_global,
-        tool_present=(total_present | tool_present) & split.has_tool,
-        summary_present=total_present & split.has_summary,
-        index=index,
-        num_groups=groups,
+    present = torch.stack(
+        [(total_present | tool_present) & split.has_tool, total_present & split.has_summary]
     )
+    adv = torch.stack([a_global + toolpo_lambda * a_tool, a_global])
+    return route(split, adv, present, index, groups)
