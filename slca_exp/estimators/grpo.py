@@ -51,14 +51,7 @@ def grpo_advantages(
     values = as_scores(score, batch, "score").to(split.mask.device)
     index, groups = dense_group_index(group_ids, batch, split.mask.device)
     present = torch.isfinite(values)
-    adv = group_normalize(
-        values.unsqueeze(0),
-        present.unsqueeze(0),
-        index,
-        groups,
-        norm_by_std=norm_by_std,
-        eps=eps,
-        small_group="passthrough",
-    )
+    kw = {"norm_by_std": norm_by_std, "eps": eps, "small_group": "passthrough"}
+    adv = group_normalize(values.unsqueeze(0), present.unsqueeze(0), index, groups, **kw)
     both = torch.stack([split.has_tool, split.has_summary]) & present
     return route(split, adv.expand(2, -1), both, index, groups)

@@ -53,28 +53,21 @@ def toolpo_grpo_advantages(
     split = split_segments(response_mask)
     batch = split.mask.shape[0]
     device = split.mask.device
-    total = as_scores(total_score, batch, "total_score").to(device)
-    tool = as_scores(tool_score, batch, "tool_score").to(device)
+    scores = torch.stack(
+        [as_scores(total_score, batch, "total_score"), as_scores(tool_score, batch, "tool_score")]
+    ).to(device)
     index, groups = dense_group_index(group_ids, batch, device)
-    total_present = torch.isfinite(total)
-    tool_present = split.has_tool & torch.isfinite(tool)
-    (a_global,) = group_normalize(
-        total.unsqueeze(0),
-        total_present.unsqueeze(0),
+    finite = torch.isfinite(scores)
+    total_present, tool_present = finite[0], finite[1] & split.has_tool
+    # A_global follows verl's GRPO (singletons pass through); A_tool SLCA's guard.
+    a_global, a_tool = group_normalize(
+        scores,
+        torch.stack([total_present, tool_present]),
         index,
         groups,
         norm_by_std=norm_by_std,
         eps=eps,
-        small_group="passthrough",
-    )
-    (a_tool,) = group_normalize(
-        tool.unsqueeze(0),
-        tool_present.unsqueeze(0),
-        index,
-        groups,
-        norm_by_std=norm_by_std,
-        eps=eps,
-        small_group="zero",
+        small_group=("passthrough", "zero"),
     )
     present = torch.stack(
         [(total_present | tool_present) & split.has_tool, total_present & split.has_summary]
