@@ -56,3 +56,15 @@ def test_params_from_config_mapping_and_object():
         norm_by_std = False
 
     assert EstimatorParams.from_config(Obj()).norm_by_std is False
+
+
+@pytest.mark.parametrize(("batch", "length"), [(0, 5), (3, 0), (0, 0)])
+def test_empty_batches_and_empty_responses(batch, length):
+    mask = torch.zeros(batch, length, dtype=torch.long)
+    scores = RolloutScores(torch.zeros(batch), torch.zeros(batch), torch.zeros(batch))
+    for name in ESTIMATORS.names():
+        out = get_estimator(name)(mask, list(range(batch)), scores, EstimatorParams())
+        assert out.advantages.shape == (batch, length) == out.tool_mask.shape
+        for key, value in out.stats.items():
+            expected = 1.0 if "zeroed_group_frac" in key and batch else 0.0  # no group has signal
+            assert value == expected, key
