@@ -58,8 +58,8 @@ def slca_grpo_advantages(
     Example:
         >>> mask = torch.tensor([[1, 0, 1], [1, 0, 1]])
         >>> out = slca_grpo_advantages(mask, [0, 0], [1.0, 0.0], [0.0, 1.0])
-        >>> out.tool_adv.tolist(), out.summary_adv.tolist()
-        ([0.7071062922477722, -0.7071062922477722], [-0.7071062922477722, 0.7071062922477722])
+        >>> [round(a, 4) for a in out.tool_adv.tolist() + out.summary_adv.tolist()]
+        [0.7071, -0.7071, -0.7071, 0.7071]
 
     """
     check_hparams(eps=eps, tool_weight=tool_weight, summary_weight=summary_weight)
