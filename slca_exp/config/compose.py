@@ -11,6 +11,7 @@ checked before any job starts.
 
 from __future__ import annotations
 
+import typing
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -19,12 +20,17 @@ from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override
-from hydra.errors import HydraException
+from hydra.errors import HydraException, MissingConfigException
 from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
-from slca_exp.config import schema
-from slca_exp.config.validate import ConfigError, Problem, problems_of, unknown_key_problem
+from slca_exp.config.validate import (
+    ConfigError,
+    Problem,
+    problems_of,
+    schema_at,
+    unknown_key_problem,
+)
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "conf"
 """The packaged config tree (``slca_exp/conf``, shipped as package data)."""
@@ -180,40 +186,21 @@ def _apply(cfg: DictConfig, override: Override) -> Problem | None:
 
 def _unknown(key: str) -> Problem:
     parent = key.rpartition(".")[0]
-    owner = _schema_at(parent)
+    owner = schema_at(parent)
     if owner is None:
         return Problem(key, "unknown key", f"check the spelling of {key}")
     return unknown_key_problem(key, owner)
 
 
-def _schema_at(dotted: str) -> type | None:
-    """The dataclass schema at a dotted path (``""`` = the run), if there is one."""
-    import typing
-
-    from slca_exp.config.validate import _dataclass_in
-
-    node: type | None = schema.RunConfig
-    for part in filter(None, dotted.split(".")):
-        if node is None:
-            return None
-        hint = typing.get_type_hints(node).get(part)
-        node = _dataclass_in(hint) if hint is not None else None
-    return node
-
-
 def _type_hint(key: str) -> str:
-    import typing
-
     parent, _, leaf = key.rpartition(".")
-    owner = _schema_at(parent)
+    owner = schema_at(parent)
     hint = typing.get_type_hints(owner).get(leaf) if owner else None
     return getattr(hint, "__name__", str(hint)) if hint is not None else "the schema expects"
 
 
 def _composition_problem(err: Exception, hydra_side: list[Override]) -> Problem:
     text = str(err)
-    from hydra.errors import MissingConfigException
-
     if isinstance(err, MissingConfigException):
         for override in hydra_side:
             group = override.key_or_group

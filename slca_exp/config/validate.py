@@ -130,6 +130,17 @@ def _walk(node: DictConfig, schema: type, prefix: str, problems: list[Problem]) 
                 problems.append(Problem(full, found[0], found[1] + example))
 
 
+def schema_at(dotted: str) -> type | None:
+    """The dataclass schema at a dotted path (``""`` = the whole run), if there is one."""
+    node: type | None = RunConfig
+    for part in filter(None, dotted.split(".")):
+        if node is None:
+            return None
+        hint = typing.get_type_hints(node).get(part)
+        node = _dataclass_in(hint) if hint is not None else None
+    return node
+
+
 def _dataclass_in(hint: Any) -> type | None:  # noqa: ANN401
     """The dataclass a type hint names (``X`` or ``X | None``), if any."""
     for candidate in typing.get_args(hint) or (hint,):
