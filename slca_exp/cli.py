@@ -37,6 +37,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _parse(rest: list[str]):  # noqa: ANN202 - argparse.Namespace from Hydra's own parser
+    # Hydra's own parser, so that both commands take exactly Hydra's flags (hydra-core is pinned
+    # below 1.4, where this module lives).
     from hydra._internal.utils import get_args_parser
 
     return get_args_parser().parse_args(rest)

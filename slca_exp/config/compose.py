@@ -109,6 +109,7 @@ def check_overrides(
 
 def expand_sweeps(overrides: Sequence[str]) -> list[list[str]]:
     """The override list of every job of a sweep (one list when nothing is swept)."""
+    # The basic sweeper's own expansion, so that the jobs checked are the jobs Hydra launches.
     from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 
     parsed = OverridesParser.create().parse_overrides(list(overrides))
