@@ -84,6 +84,12 @@ def as_bool_mask(response_mask: torch.Tensor) -> torch.Tensor:
         ValueError: the mask is not two-dimensional.
 
     """
+    response_mask = _as_matrix(response_mask)
+    return response_mask if response_mask.dtype == torch.bool else response_mask.bool()
+
+
+def _as_matrix(response_mask: torch.Tensor) -> torch.Tensor:
+    """The mask as a tensor, checked to be (B, T)."""
     if not isinstance(response_mask, torch.Tensor):
         response_mask = torch.as_tensor(response_mask)
     if response_mask.dim() != 2:
@@ -91,7 +97,7 @@ def as_bool_mask(response_mask: torch.Tensor) -> torch.Tensor:
             f"response_mask must have shape (B, T), got {tuple(response_mask.shape)}; "
             "pass one row per rollout"
         )
-    return response_mask if response_mask.dtype == torch.bool else response_mask.bool()
+    return response_mask
 
 
 def _word_aligned(response_mask: torch.Tensor) -> torch.Tensor:
@@ -114,18 +120,7 @@ def last_set_index(bits: torch.Tensor, nonzero: torch.Tensor | None = None) -> t
         nonzero: (B, Tp/8) bool ``word != 0`` of ``bits``, when the caller already has it.
 
     """
-    if sys.byteorder != "little":  # the word view below assumes little-endian byte order
-        pos = torch.arange(1, bits.shape[1] + 1, device=bits.device)
-        return (bits * pos).amax(dim=1) - 1
-    words = bits.view(torch.int64)
-    if nonzero is None:
-        nonzero = words != 0
-    word_pos = torch.arange(words.shape[1], dtype=_index_dtype(words.shape[1]), device=bits.device)
-    last_word = (nonzero * word_pos).amax(dim=1).long()
-    word = words.gather(1, last_word.unsqueeze(1)).squeeze(1)  # 0 when the row has no True
-    steps = torch.tensor(_BYTE_STEPS, device=bits.device)
-    byte = (word.unsqueeze(1) >= steps).sum(dim=1)  # index of the highest non-zero byte
-    return torch.where(word != 0, last_word * _WORD + byte, -1)
+    return _set_index(bits, nonzero, last=True)
 
 
 def first_set_index(bits: torch.Tensor, nonzero: torch.Tensor | None = None) -> torch.Tensor:
@@ -136,23 +131,36 @@ def first_set_index(bits: torch.Tensor, nonzero: torch.Tensor | None = None) -> 
         nonzero: (B, Tp/8) bool ``word != 0`` of ``bits``, when the caller already has it.
 
     """
-    if sys.byteorder != "little":
-        pos = torch.arange(bits.shape[1], 0, -1, device=bits.device)
-        first = bits.shape[1] - (bits * pos).amax(dim=1)
+    return _set_index(bits, nonzero, last=False)
+
+
+def _set_index(bits: torch.Tensor, nonzero: torch.Tensor | None, *, last: bool) -> torch.Tensor:
+    """First or last True per row: find the word (8 tokens), then the byte inside it."""
+    length = bits.shape[1]
+    if sys.byteorder != "little":  # the word view below assumes little-endian byte order
+        pos = torch.arange(1, length + 1, device=bits.device)
+        if last:
+            return (bits * pos).amax(dim=1) - 1
+        first = length - (bits * pos.flip(0)).amax(dim=1)
         return torch.where(bits.any(dim=1), first, -1)
     words = bits.view(torch.int64)
     if nonzero is None:
         nonzero = words != 0
-    reverse_pos = torch.arange(
-        words.shape[1], 0, -1, dtype=_index_dtype(words.shape[1]), device=bits.device
-    )
-    first_word = words.shape[1] - (nonzero * reverse_pos).amax(dim=1).long()
-    first_word = first_word.clamp_max(words.shape[1] - 1)  # rows without a True: any word
-    word = words.gather(1, first_word.unsqueeze(1)).squeeze(1)  # 0 when the row has no True
+    n = words.shape[1]
+    dtype = _index_dtype(n)
+    if last:  # the largest position among non-zero words
+        word_index = (nonzero * torch.arange(n, dtype=dtype, device=bits.device)).amax(dim=1)
+        word_index = word_index.long()
+    else:  # the smallest one, as the largest reversed position
+        reverse = torch.arange(n, 0, -1, dtype=dtype, device=bits.device)
+        word_index = (n - (nonzero * reverse).amax(dim=1).long()).clamp_max(n - 1)
+    word = words.gather(1, word_index.unsqueeze(1)).squeeze(1)  # 0 when the row has no True
+    # Bytes are 0/1: the highest set byte k of a word is the number of powers 256**j (j >= 1) it
+    # reaches; for the lowest, apply the same count to its lowest set bit, 256**k.
+    probe = word if last else word & -word
     steps = torch.tensor(_BYTE_STEPS, device=bits.device)
-    lowest = word & -word  # the lowest set bit: 256**k for the lowest non-zero byte k
-    byte = (lowest.unsqueeze(1) >= steps).sum(dim=1)
-    return torch.where(word != 0, first_word * _WORD + byte, -1)
+    byte = (probe.unsqueeze(1) >= steps).sum(dim=1)
+    return torch.where(word != 0, word_index * _WORD + byte, -1)
 
 
 def _index_dtype(n: int) -> torch.dtype:
@@ -192,10 +200,7 @@ def split_segments(response_mask: torch.Tensor) -> SegmentSplit:
         A :class:`SegmentSplit` whose masks are disjoint and whose union is the response mask.
 
     """
-    if not isinstance(response_mask, torch.Tensor):
-        response_mask = torch.as_tensor(response_mask)
-    if response_mask.dim() != 2:
-        as_bool_mask(response_mask)  # raises the shape error
+    response_mask = _as_matrix(response_mask)
     batch, length = response_mask.shape
     mask = _word_aligned(response_mask)
     padded = mask.shape[1]
