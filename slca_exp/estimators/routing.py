@@ -46,12 +46,16 @@ def fill_advantages(
 ) -> torch.Tensor:
     """(B, T) float32 token advantages: ``tool_adv`` on tool tokens, ``summary_adv`` on summary.
 
-    One streaming pass writes each row's tool value on every learnable token; the summary runs,
+    One streaming pass writes each row's tool value on every learnable token (0 elsewhere; -0.0
+    where the value is negative, which compares equal to 0); the summary runs,
     contiguous and usually a small share of the tokens, are then overwritten with one scatter of
     just their elements. Rows whose two values are equal (always, for GRPO) need no scatter.
     """
     fill = torch.where(split.has_tool, tool_adv, summary_adv)
-    advantages = torch.where(split.mask, fill.unsqueeze(1), fill.new_zeros(()))
+    # mask (0/1) * fill: a vectorised uint8 -> float32 copy and an in-place broadcast multiply
+    # are about twice as fast as torch.where, whose CPU kernel is scalar.
+    advantages = torch.empty(split.mask.shape, dtype=fill.dtype, device=fill.device)
+    advantages.copy_(split.mask.view(torch.uint8)).mul_(fill.unsqueeze(1))
     lengths = torch.where(fill != summary_adv, split.summary_len, 0)
     total = int(lengths.sum())
     if total:
