@@ -91,14 +91,25 @@ class ServiceConfig:
     model: str | None = param(None, "served model name (HTTP backends)")
     base_url: str | None = param(None, "OpenAI-compatible endpoint, e.g. http://host:8000/v1")
     api_key_env: str | None = param(None, "NAME of the env var holding the API key (never the key)")
-    prompt: str | None = param(None, "prompt template file (its sha256 is recorded)")
+    prompt: str | None = param(
+        None, "prompt template: a file, or a name in the package's prompts/ (sha256 recorded)"
+    )
     prompt_version: str | None = param(None, "prompt version recorded with the run")
     temperature: float = param(0.0, "sampling temperature", ge=0)
     max_tokens: int = param(1024, "completion budget", gt=0)
-    timeout_s: float = param(60.0, "per-request timeout in seconds", gt=0)
-    max_retries: int = param(3, "retries on 5xx and transport errors", ge=0)
+    timeout_s: float = param(60.0, "per-request timeout in seconds (whole request)", gt=0)
+    max_retries: int = param(3, "retries on 5xx, 429, timeouts and transport errors", ge=0)
+    backoff: str = param(
+        "linear",
+        "delay before retry k: linear (k * backoff_s) | exponential (2^(k-1) * backoff_s)",
+        choices=("linear", "exponential"),
+    )
+    backoff_s: float = param(1.0, "base delay between retries in seconds", ge=0, finite=True)
     concurrency: int = param(8, "requests in flight at once", gt=0)
     cache: bool = param(True, "reuse answers from the persistent cache")
+    cache_path: str | None = param(
+        None, "sqlite cache file; default $SLCA_EXP_CACHE_DIR/services.sqlite or ~/.cache/slca-exp/"
+    )
 
 
 @dataclass
@@ -110,6 +121,12 @@ class JudgeConfig(ServiceConfig):
         "rubric", "rubric (deterministic CPU) | openai (HTTP)", choices=("rubric", "openai")
     )
     max_tokens: int = param(8192, "completion budget", gt=0)
+    short_circuit_no_tool_response: bool = param(
+        True, "score 0 without asking the judge when the rollout has no tool response"
+    )
+    min_reply_chars: int = param(
+        10, "score 0 without asking the judge when the final reply is shorter (0: off)", ge=0
+    )
 
 
 @dataclass
@@ -124,6 +141,9 @@ class SimulatorConfig(ServiceConfig):
     )
     temperature: float = param(0.6, "sampling temperature", ge=0)
     check_required_args: bool = param(True, "refuse calls missing required schema arguments")
+    check_types: bool = param(
+        True, "refuse arguments whose JSON type or enum value contradicts the schema"
+    )
 
 
 @dataclass

@@ -80,7 +80,23 @@ def validate(cfg: DictConfig) -> RunConfig:
     if problems:
         raise ConfigError(problems)
     plain = OmegaConf.to_container(cfg, resolve=True)
-    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(RunConfig), plain))
+    config = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(RunConfig), plain))
+    _rescale_tool_weights(config)
+    return config
+
+
+def _rescale_tool_weights(config: RunConfig) -> None:
+    """Rescale the tool weights to sum to 1 when ``reward.normalize`` is set.
+
+    The typed config, hence the recorded recipe, then carries the rescaled values.
+    """
+    weights = config.reward.tool_weights
+    if not config.reward.normalize:
+        return
+    names = [f.name for f in dataclasses.fields(weights)]
+    total = sum(getattr(weights, name) for name in names)
+    for name in names:
+        setattr(weights, name, getattr(weights, name) / total)
 
 
 def field_names(schema: type) -> list[str]:
@@ -193,6 +209,19 @@ def _check_service(group: str) -> Any:  # noqa: ANN401
                     f"export the key as e.g. MY_API_KEY and set {group}.api_key_env=MY_API_KEY",
                 )
             )
+        if service.prompt:
+            from slca_exp.services.prompts import resolve_prompt, shipped_prompts
+
+            if resolve_prompt(str(service.prompt), group) is None:
+                shipped = ", ".join(shipped_prompts(group)) or "(none)"
+                problems.append(
+                    Problem(
+                        f"{group}.prompt",
+                        f"no prompt template {service.prompt!r}: neither a file nor a template "
+                        f"shipped in slca_exp/{group}s/prompts/",
+                        f"give the path of a template file, or one of: {shipped}",
+                    )
+                )
         if service.backend == local:
             return problems
         for key, example in (("model", "my-model"), ("base_url", "http://127.0.0.1:8000/v1")):
@@ -205,6 +234,15 @@ def _check_service(group: str) -> Any:  # noqa: ANN401
                         f"set {group}.{key}={example}, or use {group}.backend={local}",
                     )
                 )
+        url = str(service.base_url or "")
+        if url and not url.startswith(("http://", "https://")):
+            problems.append(
+                Problem(
+                    f"{group}.base_url",
+                    f"must be an http:// or https:// URL of an OpenAI-compatible API (got {url!r})",
+                    f"set {group}.base_url=http://<host>:<port>/v1",
+                )
+            )
         return problems
 
     return check

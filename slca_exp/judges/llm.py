@@ -1,0 +1,176 @@
+"""The LLM judge (registry name ``openai``): the paper's frozen judge over an OpenAI-compatible API.
+
+Any server speaking chat completions works (``vllm serve openai/gpt-oss-120b``, SGLang, a
+gateway). The judge sees the question, the numbered ``<tool_response>`` contents and the final
+reply, rendered into a versioned template (``judge.prompt``, sha256 recorded), and must answer
+``<response_quality><reasoning>..</reasoning><rating>LABEL</rating></response_quality>`` with a
+label from very poor to excellent (1-5). The paper's short-circuits apply first; answers come
+from the persistent cache when the same request was rated before; transport failures are
+retried by the client and, when retries run out, come back as ``status="failed"``, score NaN.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from slca_exp.judges.base import (
+    LABELS,
+    JudgeBase,
+    JudgeRequest,
+    JudgeResult,
+    JudgeView,
+    short_circuit_fields,
+)
+from slca_exp.rewards.toolcalls import strip_think
+from slca_exp.services.cache import open_cache
+from slca_exp.services.cached import Answer, CachedChat
+from slca_exp.services.client import ChatClient, ChatRequest
+from slca_exp.services.prompts import PromptTemplate
+
+DEFAULT_PROMPT = "hierr_judge_v1.txt"
+"""The shipped template used when ``judge.prompt`` is not set."""
+
+_RATINGS = {label: i + 1 for i, label in enumerate(LABELS)} | {str(i): i for i in range(1, 6)}
+
+
+def parse_rating(content: str) -> int | None:
+    """The rating (1-5) in a judge's answer, or ``None`` when there is none.
+
+    The last ``<rating>..</rating>`` block counts (tags case-insensitive, whitespace inside
+    collapsed, a trailing period ignored); it may hold a label or a digit 1-5. Without such a
+    block, an answer that is a bare digit 1-5 is accepted. Think blocks are removed first.
+
+    >>> parse_rating("<response_quality><reasoning>ok</reasoning><rating> Very  Poor </rating>")
+    1
+    >>> parse_rating("4"), parse_rating("<rating>great</rating>"), parse_rating("about 4")
+    (4, None, None)
+
+    """
+    text = strip_think(content)
+    low = text.lower()
+    start = low.rfind("<rating>")
+    if start >= 0:
+        stop = low.find("</rating>", start)
+        if stop >= 0:
+            inner = " ".join(low[start + len("<rating>") : stop].split()).rstrip(".")
+            return _RATINGS.get(inner)
+    bare = text.strip().rstrip(".")
+    return int(bare) if len(bare) == 1 and bare in "12345" else None
+
+
+def render_tool_responses(responses: Sequence[str]) -> str:
+    """The numbered tool responses as the template shows them (``[1] ...``)."""
+    if not responses:
+        return "(no tool responses)"
+    return "\n\n".join(f"[{i}] {content}" for i, content in enumerate(responses, 1))
+
+
+def _usable(content: str) -> bool:
+    return parse_rating(content) is not None
+
+
+class OpenAIJudge(JudgeBase):
+    """The LLM judge over an OpenAI-compatible server.
+
+    Args:
+        cfg: the ``judge`` config (``JudgeConfig``): model, base_url, api_key_env, prompt,
+            temperature, max_tokens, timeout_s, max_retries, backoff, backoff_s, concurrency,
+            cache, cache_path and the short-circuit switches.
+
+    """
+
+    name = "openai"
+
+    def __init__(self, cfg: Any) -> None:  # noqa: ANN401
+        super().__init__(cfg)
+        self.template = PromptTemplate.load(cfg.prompt or DEFAULT_PROMPT, "judge")
+        self.chat = CachedChat(
+            ChatClient.from_config(cfg, "judge"),
+            open_cache(cfg.cache, cfg.cache_path),
+            kind="judge",
+            prompt_sha256=self.template.sha256,
+        )
+
+    def score(self, batch: Sequence[JudgeRequest]) -> list[JudgeResult]:
+        """Rate a batch, blocking; failures come back as ``status="failed"``, never raised.
+
+        Raises:
+            MissingAPIKeyError: ``judge.api_key_env`` names an unset variable (nothing is sent).
+
+        """
+        results, pending = self._prepare(batch)
+        answers = self.chat.complete([r for _, r in pending], _usable) if pending else []
+        return self._finish(results, pending, answers)
+
+    async def ascore(self, batch: Sequence[JudgeRequest]) -> list[JudgeResult]:
+        """Async :meth:`score`, awaitable from any event loop."""
+        results, pending = self._prepare(batch)
+        answers = await self.chat.acomplete([r for _, r in pending], _usable) if pending else []
+        return self._finish(results, pending, answers)
+
+    def request_for(self, view: JudgeView) -> ChatRequest:
+        """The chat request rating one rollout (one user message: the rendered template)."""
+        prompt = self.template.render(
+            question=view.question,
+            tool_responses=render_tool_responses(view.tool_responses),
+            reply=view.reply,
+        )
+        return ChatRequest(
+            ({"role": "user", "content": prompt},),
+            float(self.cfg.temperature),
+            int(self.cfg.max_tokens),
+        )
+
+    @classmethod
+    def describe_config(cls, cfg: Any) -> dict[str, Any]:  # noqa: ANN401
+        """Backend, model, prompt version and sha256, decoding and short-circuit settings."""
+        template = PromptTemplate.load(cfg.prompt or DEFAULT_PROMPT, "judge")
+        return {
+            "backend": "openai",
+            "name": cfg.name,
+            "model": cfg.model,
+            "prompt": template.path.name,
+            "prompt_version": cfg.prompt_version or template.path.stem,
+            "prompt_sha256": template.sha256,
+            "temperature": float(cfg.temperature),
+            "max_tokens": int(cfg.max_tokens),
+            **short_circuit_fields(cfg),
+        }
+
+    def close(self) -> None:
+        """Close the HTTP client and the cache (idempotent)."""
+        self.chat.close()
+
+    def _prepare(
+        self, batch: Sequence[JudgeRequest]
+    ) -> tuple[list[JudgeResult | None], list[tuple[int, ChatRequest]]]:
+        results: list[JudgeResult | None] = []
+        pending: list[tuple[int, ChatRequest]] = []
+        for i, request in enumerate(batch):
+            view = JudgeView.of(request)
+            verdict = self._short_circuit(view, request)
+            results.append(verdict)
+            if verdict is None:
+                pending.append((i, self.request_for(view)))
+        return results, pending
+
+    def _finish(
+        self,
+        results: list[JudgeResult | None],
+        pending: list[tuple[int, ChatRequest]],
+        answers: Sequence[Answer],
+    ) -> list[JudgeResult]:
+        for (i, _), answer in zip(pending, answers, strict=True):
+            results[i] = _verdict(answer)
+        return self._count([r for r in results if r is not None])
+
+
+def _verdict(answer: Answer) -> JudgeResult:
+    if answer.content is None:
+        return JudgeResult.failed(answer.error, latency_ms=answer.latency_ms)
+    rating = parse_rating(answer.content)
+    if rating is None:
+        snippet = " ".join(answer.content.split())[:80]
+        return JudgeResult.failed(f"unparseable rating: {snippet!r}", latency_ms=answer.latency_ms)
+    return JudgeResult.rated(rating, cached=answer.cached, latency_ms=answer.latency_ms)

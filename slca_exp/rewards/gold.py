@@ -1,0 +1,165 @@
+"""A row's ground truth (``reward_model.ground_truth``), read once into a :class:`Gold`.
+
+Rows come from parquet files, JSON files or Python dicts, so every field may arrive as a JSON
+string, a list, a tuple or a numpy array. ``gold_tool_calls`` is seen in three shapes in the wild:
+
+- nested: a list of steps, each a list of ``{"name", "arguments"}`` (one step per assistant turn);
+- flat calls: a list of ``{"name", "arguments"}``, read as a single step;
+- flat names: a list of bare tool names, read as a single step of calls without arguments.
+
+A malformed ground truth is a data bug, not a policy mistake: it raises :class:`GroundTruthError`
+naming the field (split loading checks every row up front, so a run never meets one).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import cached_property, lru_cache
+from typing import Any
+
+from slca_exp.rewards.types import ToolCall
+
+
+class GroundTruthError(ValueError):
+    """A row's ``reward_model.ground_truth`` cannot be read."""
+
+
+@dataclass(frozen=True)
+class Gold:
+    """The parts of a ground truth the rewards use.
+
+    Attributes:
+        steps: gold calls per step (assistant turn), in order; empty for an irrelevant row.
+        allowed: the tool names the row allows.
+        question: the user's question.
+        subset: ``tool_call`` or ``irrelevant`` (as given; empty when absent).
+        raw_schemas: ``tool_schemas`` as the row holds it (read on first use of
+            :attr:`tool_schemas`: the tool reward never needs them, the simulator does).
+
+    """
+
+    steps: tuple[tuple[ToolCall, ...], ...]
+    allowed: frozenset[str]
+    question: str = ""
+    subset: str = ""
+    raw_schemas: Any = None
+
+    @cached_property
+    def tool_schemas(self) -> dict[str, dict[str, Any]] | None:
+        """OpenAI-style function schemas by tool name (``None`` when the row has none)."""
+        return _read_schemas(self.raw_schemas)
+
+    @property
+    def calls(self) -> list[ToolCall]:
+        """Every gold call, steps flattened in order."""
+        return [call for step in self.steps for call in step]
+
+    @property
+    def needs_call(self) -> bool:
+        """Whether the row's task needs at least one tool call."""
+        return any(self.steps)
+
+
+def read_gold(ground_truth: Mapping[str, Any] | str | Gold) -> Gold:
+    """Read a row's ground truth (a mapping or its JSON string; a :class:`Gold` passes through).
+
+    >>> gold = read_gold({"allowed_tools": ["f"], "gold_tool_calls": ["f"]})
+    >>> [(c.name, c.arguments) for c in gold.calls]
+    [('f', {})]
+
+    """
+    if isinstance(ground_truth, Gold):
+        return ground_truth
+    gt = _loads(ground_truth, "ground_truth")
+    if not isinstance(gt, Mapping):
+        raise GroundTruthError(
+            f"ground_truth must be an object (or its JSON string), got {type(gt).__name__}"
+        )
+    allowed = _as_list(gt.get("allowed_tools", []), "allowed_tools")
+    if not all(isinstance(name, str) for name in allowed):
+        raise GroundTruthError("ground_truth.allowed_tools must be a list of tool names")
+    raw = gt.get("gold_tool_calls", [])
+    # Rows store the gold calls as a JSON string, identical for the G rollouts of a prompt.
+    if isinstance(raw, str):
+        steps = _steps_of_json(raw)
+    else:
+        steps = _read_steps(_as_list(raw, "gold_tool_calls"))
+    return Gold(
+        steps=steps,
+        allowed=frozenset(allowed),
+        question=str(gt.get("question_content") or ""),
+        subset=str(gt.get("subset_name") or ""),
+        raw_schemas=gt.get("tool_schemas"),
+    )
+
+
+@lru_cache(maxsize=4096)
+def _steps_of_json(raw: str) -> tuple[tuple[ToolCall, ...], ...]:
+    return _read_steps(_as_list(raw, "gold_tool_calls"))
+
+
+def _read_steps(items: list[Any]) -> tuple[tuple[ToolCall, ...], ...]:
+    if not items:
+        return ()
+    if all(_is_list(item) for item in items):
+        return tuple(
+            tuple(_read_call(c, f"gold_tool_calls[{i}][{j}]", i) for j, c in enumerate(step))
+            for i, step in enumerate(map(list, items))
+        )
+    if any(_is_list(item) for item in items):
+        raise GroundTruthError(
+            "ground_truth.gold_tool_calls mixes steps (lists) and calls; use one shape"
+        )
+    return (tuple(_read_call(c, f"gold_tool_calls[{j}]", 0) for j, c in enumerate(items)),)
+
+
+def _read_call(item: Any, where: str, turn: int) -> ToolCall:  # noqa: ANN401
+    if isinstance(item, str):
+        return ToolCall(item, {}, turn)
+    if not isinstance(item, Mapping) or not isinstance(item.get("name"), str):
+        raise GroundTruthError(f"ground_truth.{where} must be a tool name or {{name, arguments}}")
+    args = item.get("arguments", item.get("parameters"))
+    args = {} if args is None else _loads(args, f"{where}.arguments")
+    if not isinstance(args, Mapping):
+        raise GroundTruthError(f"ground_truth.{where}.arguments must be an object")
+    return ToolCall(item["name"], dict(args), turn)
+
+
+def _read_schemas(raw: Any) -> dict[str, dict[str, Any]] | None:  # noqa: ANN401
+    if raw is None or (isinstance(raw, str) and not raw.strip()):
+        return None
+    schemas = _as_list(raw, "tool_schemas")
+    out = {}
+    for schema in schemas:
+        schema = _loads(schema, "tool_schemas[]")
+        fn = schema.get("function", schema) if isinstance(schema, Mapping) else None
+        if not isinstance(fn, Mapping) or not isinstance(fn.get("name"), str):
+            raise GroundTruthError(
+                "ground_truth.tool_schemas must be OpenAI-style function schemas with a name"
+            )
+        out[fn["name"]] = dict(fn)
+    return out
+
+
+def _loads(value: Any, where: str) -> Any:  # noqa: ANN401
+    if not isinstance(value, str):
+        return value
+    try:
+        return json.loads(value)
+    except (ValueError, RecursionError) as err:
+        raise GroundTruthError(f"ground_truth.{where} is not valid JSON: {err}") from None
+
+
+def _is_list(value: Any) -> bool:  # noqa: ANN401
+    return isinstance(value, list | tuple) or type(value).__name__ == "ndarray"
+
+
+def _as_list(value: Any, where: str) -> list[Any]:  # noqa: ANN401
+    value = _loads(value, where)
+    if value is None:
+        return []
+    if not _is_list(value):
+        raise GroundTruthError(f"ground_truth.{where} must be a list, got {type(value).__name__}")
+    return list(value)

@@ -1,0 +1,109 @@
+"""The summary reward R_sum: the judge's 1-5 rating of the final reply, as (rating - 1) / 4.
+
+The judge returns NaN when it could not rate a reply (transport errors, timeouts, an answer with
+no rating, after its retries). What that becomes is the recipe's ``reward.judge_failure``:
+
+- ``absent`` (default): the score stays NaN, so the estimators treat the summary segment as
+  absent for that rollout (it neither moves its group's statistics nor receives an advantage);
+- ``zero``: the paper's behaviour, a 0.0 that is then normalised as if it were a real rating.
+
+Short-circuits (no tool response, a reply shorter than ten characters) are the judge's, and are
+real scores of 0.0, not failures.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from slca_exp.judges.base import Judge, JudgeResult
+
+FailurePolicy = Literal["absent", "zero"]
+FAILURE_POLICIES: tuple[FailurePolicy, ...] = ("absent", "zero")
+
+
+@dataclass(frozen=True)
+class SummaryReward:
+    """The summary reward of one rollout.
+
+    Attributes:
+        score: (rating - 1) / 4 in [0, 1]; 0.0 when short-circuited; NaN when the judge failed
+            and the policy is ``absent``.
+        rating: the judge's 1-5 rating, or ``None``.
+        status: ``ok``, ``short_circuit`` or ``failed``.
+        reason: why it was short-circuited or failed ("" when ok).
+
+    """
+
+    score: float
+    rating: int | None
+    status: str
+    reason: str = ""
+
+
+def from_judge(result: JudgeResult, failure: FailurePolicy = "absent") -> SummaryReward:
+    """Apply the failure policy to one judge result."""
+    if failure not in FAILURE_POLICIES:
+        raise ValueError(f"unknown judge failure policy {failure!r}; expected absent or zero")
+    score = result.score
+    if result.status == "failed" or not math.isfinite(score):
+        score = math.nan if failure == "absent" else 0.0
+        return SummaryReward(score, None, "failed", result.reason)
+    return SummaryReward(float(score), result.rating, result.status, result.reason)
+
+
+def summary_rewards(
+    questions: Sequence[str],
+    responses: Sequence[str],
+    judge: Judge,
+    *,
+    failure: FailurePolicy = "absent",
+    require_tool_response: Sequence[bool] | bool = True,
+) -> list[SummaryReward]:
+    """Judge a batch of rollouts in one call (the judge batches and caches its requests).
+
+    Args:
+        questions: (B,) the user questions.
+        responses: (B,) decoded responses (tool calls, tool responses, final reply).
+        judge: any :class:`~slca_exp.judges.base.Judge`.
+        failure: the ``reward.judge_failure`` policy.
+        require_tool_response: per rollout (or for all), whether a reply with no tool response
+            short-circuits to 0 (the paper); the strict reward passes False for rows that need no
+            call, so a correct no-call reply is judged on its merits.
+
+    Returns:
+        (B,) :class:`SummaryReward`.
+
+    """
+    from slca_exp.judges.base import JudgeRequest
+
+    if len(questions) != len(responses):
+        raise ValueError(f"{len(questions)} questions for {len(responses)} responses")
+    if isinstance(require_tool_response, bool):
+        require_tool_response = [require_tool_response] * len(responses)
+    requests = [
+        JudgeRequest(q, r, bool(need))
+        for q, r, need in zip(questions, responses, require_tool_response, strict=True)
+    ]
+    return [from_judge(result, failure) for result in judge.score(requests)]
+
+
+def summary_reward(
+    question: str,
+    response_text: str,
+    judge: Judge,
+    *,
+    failure: FailurePolicy = "absent",
+    require_tool_response: bool = True,
+) -> SummaryReward:
+    """Judge one rollout; see :func:`summary_rewards`."""
+    return summary_rewards(
+        [question],
+        [response_text],
+        judge,
+        failure=failure,
+        require_tool_response=require_tool_response,
+    )[0]

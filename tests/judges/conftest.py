@@ -1,0 +1,1 @@
+from tests.services.fixtures import api_key, loopback, server  # noqa: F401
