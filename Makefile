@@ -31,6 +31,8 @@ test: install lint
 
 bench: install
 	$(PY) benchmarks/estimators.py
+	$(PY) benchmarks/rewards.py
+	$(PY) benchmarks/tracking.py
 
 clean:
-	rm -rf $(VENV) outputs multirun .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) outputs multirun test-artifacts .pytest_cache .ruff_cache .hypothesis

@@ -2,10 +2,13 @@
 
     slca-exp train [HYDRA FLAGS] [OVERRIDES]     run (or with --cfg job, print) a recipe
     slca-exp validate [HYDRA FLAGS] [OVERRIDES]  compose and validate, report every problem
+    slca-exp compare EXPERIMENT_OR_SWEEP [--metric M ...] [--strict] [--tracking-uri URI]
+                     [--out DIR] [--ui-url URL]  table, plots and MLflow compare link of a sweep
 
-Both accept Hydra's own flags (``--config-dir``, ``--config-name``, ``-m``, ``--cfg``) and
-overrides. A bad recipe exits with status 2 and one message listing every problem, before Hydra
-creates anything (no output folder, no run, no job).
+train and validate accept Hydra's own flags (``--config-dir``, ``--config-name``, ``-m``,
+``--cfg``) and overrides. A bad recipe exits with status 2 and one message listing every problem,
+before Hydra creates anything (no output folder, no run, no job). ``slca-exp compare --help``
+describes compare.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from collections.abc import Sequence
 
 from slca_exp.config.compose import CONFIG_NAME, check_overrides, expand_sweeps
 from slca_exp.config.validate import ConfigError
+from slca_exp.plugins import load_plugins
 
 USAGE = __doc__.split("\n\n")[1]
 
@@ -28,10 +32,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"usage:\n{USAGE}")
         return 0
     command, rest = args[0], args[1:]
+    if command in ("train", "validate"):
+        try:
+            load_plugins()
+        except ConfigError as err:
+            print(f"slca-exp: {err}", file=sys.stderr)
+            return EXIT_BAD_CONFIG
     if command == "validate":
         return _validate(rest)
     if command == "train":
         return _train(rest)
+    if command == "compare":
+        from slca_exp.compare import main as compare
+
+        return compare(rest)
     print(f"slca-exp: unknown command {command!r}\nusage:\n{USAGE}", file=sys.stderr)
     return EXIT_BAD_CONFIG
 
@@ -76,6 +90,16 @@ def _train(rest: list[str]) -> int:
             return status
     from slca_exp import train
 
+    if not (informational or args.config_path or args.cfg):
+        # The recipe (data files, prompts) and the engine, for every job, before Hydra creates
+        # an output folder or a tracker opens a run.
+        status = train.check_jobs(
+            args.overrides,
+            config_name=args.config_name or CONFIG_NAME,
+            extra_config_dirs=[args.config_dir] if args.config_dir else [],
+        )
+        if status:
+            return status
     sys.argv = ["slca-exp", *rest]
     train.main()
     return 0

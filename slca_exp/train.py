@@ -1,43 +1,115 @@
-"""The Hydra task behind ``slca-exp train``: validate, then hand the run to its engine."""
+"""The Hydra task behind ``slca-exp train``: validate, record, run, close.
+
+    validate -> build_recipe -> build_tracker -> engine.run(config, recipe, tracker) -> finish
+
+Everything that can refuse a run (a bad config, an incomplete recipe, no such engine) happens in
+:func:`prepare`, which ``slca-exp train`` also calls for every job before Hydra starts, so that a
+refused run creates nothing: no output folder, no MLflow run.
+"""
 
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
+from typing import Any
 
 import hydra
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
-from slca_exp.config.compose import CONFIG_DIR, CONFIG_NAME
+from slca_exp.config.compose import CONFIG_DIR, CONFIG_NAME, compose_run, expand_sweeps
 from slca_exp.config.schema import RunConfig
 from slca_exp.config.validate import ConfigError, validate
 from slca_exp.engines import ENGINES
+from slca_exp.plugins import load_plugins
+from slca_exp.recipe import Recipe, build_recipe
 from slca_exp.registry import RegistryError
+from slca_exp.tracking.base import EXIT_KILLED, RunKilled, tracked_run
+from slca_exp.tracking.build import build_tracker
+from slca_exp.tracking.mlflow import TrackingError
+from slca_exp.tracking.redact import Redactor, install_log_redaction, redact_hydra_output
+
+EXIT_BAD_CONFIG = 2
+EXIT_TRACKING = 1
 
 
-def run(cfg: DictConfig) -> object:
-    """Validate ``cfg`` and run it on its engine; returns the engine's result.
+def prepare(cfg: DictConfig) -> tuple[RunConfig, Any, Recipe]:
+    """Validate ``cfg``, find its engine and build its recipe; nothing is created.
 
     Raises:
-        ConfigError: the config has problems (all of them listed).
+        ConfigError: the config or its recipe has problems (all of them listed).
         RegistryError: no engine of that name is installed.
 
     """
-    config: RunConfig = validate(cfg)
-    engine = ENGINES.get(config.engine.name)
-    return engine.run(config)  # type: ignore[attr-defined]
+    load_plugins()  # a job may run in a fresh process (submitit, SLURM): register plugins there
+    config = validate(cfg)
+    recipe = build_recipe(config)
+    return config, ENGINES.get(config.engine.name), recipe
+
+
+def run(cfg: DictConfig) -> object:
+    """Run one job: prepare, open the trackers, run the engine, close the trackers.
+
+    The run ends FINISHED, FAILED (the engine raised) or KILLED (SIGTERM, Ctrl-C); never RUNNING.
+    """
+    config, engine, recipe = prepare(cfg)
+    redactor = Redactor.for_config(config)
+    install_log_redaction(redactor)
+    redact_hydra_output(redactor, *_hydra_output_dirs())
+    tracker = build_tracker(config, recipe, redactor)
+    params = OmegaConf.to_container(cfg, resolve=True)
+    with tracked_run(tracker, recipe, params):
+        return engine.run(config, recipe, tracker)
+
+
+def check_jobs(
+    overrides: Sequence[str],
+    *,
+    config_name: str = CONFIG_NAME,
+    extra_config_dirs: Sequence[str] = (),
+) -> int:
+    """Prepare every job of a command line without running it; print why not. 0 or 2."""
+    try:
+        for job in expand_sweeps(overrides):
+            prepare(compose_run(job, config_name=config_name, extra_config_dirs=extra_config_dirs))
+    except (ConfigError, RegistryError) as err:
+        _report(err)
+        return EXIT_BAD_CONFIG
+    return 0
 
 
 @hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name=CONFIG_NAME)
 def main(cfg: DictConfig) -> object:
-    """Hydra entry point; a bad recipe or a missing engine exits with status 2, no traceback."""
+    """Hydra entry point; a refused run exits 2, a killed one 143, without a traceback."""
     try:
         return run(cfg)
     except (ConfigError, RegistryError) as err:
+        _report(err)
+        sys.exit(EXIT_BAD_CONFIG)
+    except TrackingError as err:
         print(f"slca-exp: {err}", file=sys.stderr)
-        if isinstance(err, RegistryError):
-            print(
-                "slca-exp: this version has no engine installed yet; "
-                "`slca-exp train --cfg job` prints the composed recipe.",
-                file=sys.stderr,
-            )
-        sys.exit(2)
+        sys.exit(EXIT_TRACKING)
+    except (RunKilled, KeyboardInterrupt):
+        print("slca-exp: run stopped by a signal; recorded as KILLED", file=sys.stderr)
+        sys.exit(EXIT_KILLED)
+
+
+def _report(err: ConfigError | RegistryError) -> None:
+    print(f"slca-exp: {err}", file=sys.stderr)
+    if isinstance(err, RegistryError):
+        print(
+            "slca-exp: this version has no engine installed yet; "
+            "`slca-exp train --cfg job` prints the composed recipe.",
+            file=sys.stderr,
+        )
+
+
+def _hydra_output_dirs() -> tuple[str | None, ...]:
+    """The job's output folder and, in a multirun, the sweep folder (its multirun.yaml)."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    if not HydraConfig.initialized():
+        return (None,)
+    hc = HydraConfig.get()
+    sweep = hc.sweep.dir if hc.mode == RunMode.MULTIRUN else None
+    return hc.runtime.output_dir, sweep

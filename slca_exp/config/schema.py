@@ -200,9 +200,38 @@ class EngineConfig:
 
 @dataclass
 class TrackingConfig:
-    """Experiment trackers that receive the recipe and metrics."""
+    """Experiment trackers that receive the recipe and metrics (only global rank 0 logs)."""
 
     backends: list[str] = param(default_factory=list, help="any of: mlflow, wandb, console")
+    root: str = param(
+        "${oc.env:SLCA_EXP_ROOT,outputs}",
+        "output root (relative: to the launch folder); holds mlflow.db, mlartifacts/, wandb/",
+    )
+    mlflow_uri: str | None = param(
+        None, "MLflow tracking URI, e.g. http://127.0.0.1:5000; null: sqlite:///<root>/mlflow.db"
+    )
+    wandb_mode: str = param(
+        "offline",
+        "offline (files under <root>/wandb; `wandb sync` uploads later) | online | disabled",
+        choices=("offline", "online", "disabled"),
+    )
+    wandb_project: str | None = param(None, "W&B project; null: experiment_name")
+    wandb_entity: str | None = param(None, "W&B entity (recorded in the offline run)")
+    job_type: str = param("train", "W&B job_type")
+    console_every: int = param(10, "console tracker: print a table row every N steps", gt=0)
+    retry_every_s: float = param(
+        5.0, "while the MLflow server is unreachable, try it again at most this often", gt=0
+    )
+    flush_timeout_s: float = param(
+        60.0, "at finish, keep replaying spooled metrics this long before giving up", ge=0
+    )
+    http_retries: int = param(
+        1, "MLflow HTTP retries per request (MLFLOW_HTTP_REQUEST_MAX_RETRIES wins)", ge=0
+    )
+    http_timeout_s: int = param(
+        10, "MLflow HTTP timeout in seconds (MLFLOW_HTTP_REQUEST_TIMEOUT wins)", gt=0
+    )
+    plots: bool = param(True, "log end-of-run plots (reward curves, advantage histograms)")
 
 
 @dataclass

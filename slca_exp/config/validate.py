@@ -294,9 +294,12 @@ def _check_algorithm(algorithm: DictConfig) -> list[Problem]:
     return []
 
 
+_URI = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*):(?://(?P<auth>[^/@]*@)?)?")
+
+
 def _check_tracking(tracking: DictConfig) -> list[Problem]:
     allowed = ("mlflow", "wandb", "console")
-    return [
+    problems = [
         Problem(
             f"tracking.backends[{i}]",
             f"unknown tracker {name!r}",
@@ -305,6 +308,34 @@ def _check_tracking(tracking: DictConfig) -> list[Problem]:
         for i, name in enumerate(tracking.backends)
         if name not in allowed
     ]
+    seen = [name for name in tracking.backends if name in allowed]
+    if len(set(seen)) < len(seen):
+        problems.append(
+            Problem("tracking.backends", "lists a tracker twice", "name each tracker once")
+        )
+    uri = tracking.get("mlflow_uri")
+    if uri:
+        match = _URI.match(str(uri))
+        if match is None:
+            problems.append(
+                Problem(
+                    "tracking.mlflow_uri",
+                    f"{uri!r} is not a URI (no scheme)",
+                    "give e.g. http://127.0.0.1:5000 or sqlite:////abs/path/mlflow.db, or null "
+                    "for the default store under tracking.root",
+                )
+            )
+        elif match.group("auth"):
+            problems.append(
+                Problem(
+                    "tracking.mlflow_uri",
+                    "carries credentials (user:password@); configs are recorded, secrets must "
+                    "not be",
+                    "remove them from the URI and export MLFLOW_TRACKING_USERNAME and "
+                    "MLFLOW_TRACKING_PASSWORD (or MLFLOW_TRACKING_TOKEN) instead",
+                )
+            )
+    return problems
 
 
 _CROSS_CHECKS = {

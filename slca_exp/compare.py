@@ -1,0 +1,365 @@
+"""``slca-exp compare``: a table and plots of a sweep's runs, and a comparability guard.
+
+    slca-exp compare EXPERIMENT_OR_SWEEP [--metric M ...] [--strict] [--tracking-uri URI]
+                     [--out DIR] [--ui-url URL]
+
+EXPERIMENT_OR_SWEEP is a sweep id (tag ``slca.sweep``), a sweep's parent run id, or an MLflow
+experiment name (all its runs but sweep parents). The table has one row per run, or one per
+combination of swept values with mean +/- std over runs that differ only in ``seed``. Plots are
+written to ``--out``; the MLflow UI's compare-page URL is printed. The comparability guard
+(``slca_exp/comparability.py``) warns, or with ``--strict`` refuses (exit 2), when runs differ in
+a recipe component that was not swept.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import json
+import math
+import os
+import statistics
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from slca_exp.comparability import differences
+from slca_exp.tracking import sweep_runs
+from slca_exp.tracking.mlflow import mlflow_key
+from slca_exp.tracking.names import METRICS, SEGMENTS, adv
+from slca_exp.tracking.sweep_runs import HEADLINE_METRICS, TAG_ROLE, TAG_SWEEP
+
+EXIT_OK = 0
+EXIT_REFUSED = 2
+DEFAULT_UI_URL = "http://127.0.0.1:5000"
+SEED_KEYS = ("seed",)
+"""Keys whose values are averaged over (mean +/- std) rather than shown as separate rows."""
+LOWER_IS_BETTER = ("loss", "failures", "latency_ms", "step_s", "no_call", "zeroed_group_frac")
+"""A metric whose name contains one of these is best at its minimum; every other at its maximum."""
+_VOLATILE_PARAMS = ("run_name",)
+
+
+class CompareError(Exception):
+    """A user-facing error: an unknown target, or a refusal of the guard; exit status 2."""
+
+
+@dataclass
+class Selection:
+    """The runs to compare.
+
+    Attributes:
+        label: what was found, for messages ("sweep X (parent run Y)" or "experiment X").
+        runs: the runs, oldest first.
+        swept: the keys the sweep varied (from the parent's ``slca.swept`` tag, or the runs'
+            ``slca.swept.<key>`` tags).
+        experiment_ids: the experiments the runs live in (for the UI URL).
+
+    """
+
+    label: str
+    runs: list[Any]
+    swept: list[str]
+    experiment_ids: list[str] = field(default_factory=list)
+
+
+def find_runs(client: Any, target: str) -> Selection:
+    """Resolve a sweep id, a parent run id or an experiment name to its runs.
+
+    Raises:
+        CompareError: nothing of that name, or it has no runs.
+
+    """
+    experiments = client.search_experiments()
+    ids = [e.experiment_id for e in experiments]
+    parents = sweep_runs.search_all(client, ids, f"tags.`{TAG_SWEEP}` = '{_quote(target)}'")
+    parents = [p for p in parents if p.data.tags.get(TAG_ROLE) == "parent"]
+    if not parents and _looks_like_run_id(target):
+        parents = [run for run in [_get_run(client, target)] if run is not None]
+    if parents:
+        parent = parents[-1]  # the newest, if a sweep id was reused
+        runs = sweep_runs.children(client, parent.info.experiment_id, parent.info.run_id)
+        swept = json.loads(parent.data.tags.get(sweep_runs.TAG_SWEPT, "[]"))
+        label = f"sweep {parent.data.tags.get(TAG_SWEEP, '?')} (parent run {parent.info.run_id})"
+        if not runs:
+            raise CompareError(f"{label} has no child runs yet; did its jobs log to MLflow?")
+        return Selection(label, runs, swept, [parent.info.experiment_id])
+    experiment = next((e for e in experiments if e.name == target), None)
+    if experiment is None:
+        names = ", ".join(sorted(e.name for e in experiments)) or "(none)"
+        raise CompareError(
+            f"no sweep id, parent run id or experiment named {target!r} in {client.tracking_uri}. "
+            f"Experiments: {names}. Sweep ids are the parent runs' slca.sweep tags "
+            "(pass --tracking-uri if the runs are in another store)."
+        )
+    runs = [
+        run
+        for run in sweep_runs.search_all(client, [experiment.experiment_id])
+        if run.data.tags.get(TAG_ROLE) != "parent"
+    ]
+    if not runs:
+        raise CompareError(f"experiment {target!r} has no runs")
+    prefix = sweep_runs.TAG_SWEPT + "."
+    swept = sorted({k[len(prefix) :] for r in runs for k in r.data.tags if k.startswith(prefix)})
+    return Selection(f"experiment {target}", runs, swept, [experiment.experiment_id])
+
+
+def swept_value(run: Any, key: str) -> str:
+    """A run's value of a swept key: its ``slca.swept.<key>`` tag, else its param."""
+    tags, params = run.data.tags, run.data.params
+    return tags.get(f"{sweep_runs.TAG_SWEPT}.{key}", params.get(key, ""))
+
+
+# -- table ----------------------------------------------------------------------------------------
+
+
+def table(
+    client: Any, selection: Selection, metrics: Sequence[str]
+) -> tuple[list[str], list[list[str]]]:
+    """The comparison table: header and rows of text cells.
+
+    One row per run, or per combination of swept values when several runs differ only in seed
+    (then each metric cell is ``mean +/- std`` over them, and ``n`` counts them).
+    """
+    keys = [k for k in selection.swept if k not in SEED_KEYS]
+    groups: dict[tuple, list[Any]] = {}
+    for run in selection.runs:
+        groups.setdefault(_group_key(run, keys), []).append(run)
+    per_run = all(len(g) == 1 for g in groups.values())
+    header = (["run"] + ([] if keys else ["name"])) if per_run else ["n", "seeds"]
+    header += keys
+    for metric in metrics:
+        header += [f"{metric} (final)", f"{metric} (best)"]
+    rows = []
+    for members in groups.values():
+        first = members[0]
+        if per_run:
+            row = [first.info.run_id[:8]] + ([] if keys else [first.info.run_name or ""])
+        else:
+            seeds = sorted({_seed(r) for r in members})
+            row = [str(len(members)), ",".join(seeds)]
+        row += [swept_value(first, k) for k in keys]
+        for metric in metrics:
+            finals = [r.data.metrics.get(mlflow_key(metric)) for r in members]
+            bests = [_best(client, r, metric) for r in members]
+            row += [_cell(finals), _cell(bests)]
+        rows.append(row)
+    return header, rows
+
+
+def _group_key(run: Any, keys: Sequence[str]) -> tuple:
+    ignored = set(SEED_KEYS) | set(_VOLATILE_PARAMS)
+    params = tuple(sorted((k, v) for k, v in run.data.params.items() if k not in ignored))
+    return tuple(swept_value(run, k) for k in keys) + params
+
+
+def _seed(run: Any) -> str:
+    return swept_value(run, "seed") or run.data.params.get("seed", "?")
+
+
+def _best(client: Any, run: Any, metric: str) -> float | None:
+    key = mlflow_key(metric)
+    if key not in run.data.metrics:
+        return None
+    values = [m.value for m in client.get_metric_history(run.info.run_id, key)]
+    values = [v for v in values if not math.isnan(v)]
+    if not values:
+        return None
+    lower = any(word in metric for word in LOWER_IS_BETTER)
+    return min(values) if lower else max(values)
+
+
+def _cell(values: list[float | None]) -> str:
+    present = [v for v in values if v is not None and not math.isnan(v)]
+    if not present:
+        return "-"
+    if len(values) == 1:
+        return f"{present[0]:.4g}"
+    std = statistics.stdev(present) if len(present) > 1 else 0.0
+    missing = f" ({len(values) - len(present)} missing)" if len(present) < len(values) else ""
+    return f"{statistics.fmean(present):.4g} +/- {std:.2g}{missing}"
+
+
+def format_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """Fixed-width text table."""
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True))]
+    lines.append("  ".join("-" * w for w in widths))
+    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
+    return "\n".join(lines)
+
+
+def compare_url(ui_url: str, selection: Selection) -> str:
+    """The MLflow UI's compare page for the selected runs."""
+    runs = json.dumps([r.info.run_id for r in selection.runs], separators=(",", ":"))
+    experiments = json.dumps(selection.experiment_ids, separators=(",", ":"))
+    return f"{ui_url.rstrip('/')}/#/compare-runs?runs={runs}&experiments={experiments}"
+
+
+def write_plots(client: Any, selection: Selection, out: Path) -> list[Path]:
+    """``rewards.png`` and ``advantages.png``: per-segment curves, one line per run."""
+    from slca_exp.tracking.plots import ADVANTAGE_CURVES, REWARD_CURVES, plot_curves
+
+    figures = {
+        "rewards": REWARD_CURVES,
+        "advantages": ADVANTAGE_CURVES + tuple(adv(seg, "std") for seg in SEGMENTS),
+    }
+    legend = _legend(selection)
+    curves: dict[str, dict[str, list[tuple[int, float]]]] = {}
+    for run in selection.runs:
+        logged = run.data.metrics
+        curves[legend[run.info.run_id]] = {
+            name: [
+                (m.step, m.value)
+                for m in client.get_metric_history(run.info.run_id, mlflow_key(name))
+            ]
+            for names in figures.values()
+            for name in names
+            if mlflow_key(name) in logged
+        }
+    written = []
+    for figure, names in figures.items():
+        path = plot_curves(curves, names, out / f"{figure}.png", title=selection.label)
+        if path is not None:
+            written.append(path)
+    return written
+
+
+# -- command line ---------------------------------------------------------------------------------
+
+
+def main(argv: Sequence[str]) -> int:
+    """Run ``slca-exp compare``; returns the exit status (0, or 2 for an error or a refusal)."""
+    args = _parser().parse_args(list(argv))
+    from mlflow.tracking import MlflowClient
+
+    from slca_exp.tracking.sweep import default_tracking_uri
+
+    uri = args.tracking_uri or default_tracking_uri()
+    try:
+        _check_store(uri, explicit=bool(args.tracking_uri))
+        client = MlflowClient(tracking_uri=uri)
+        selection = find_runs(client, args.target)
+    except CompareError as err:
+        print(f"slca-exp compare: {err}", file=sys.stderr)
+        return EXIT_REFUSED
+    problems = differences(client, selection.runs, selection.swept)
+    for problem in problems:
+        level = "error" if args.strict else "warning"
+        print(f"slca-exp compare: {level}: {problem.message()}", file=sys.stderr)
+    if problems and args.strict:
+        names = ", ".join(p.component for p in problems)
+        print(
+            f"slca-exp compare: refusing to compare (--strict): the runs differ in {names}, "
+            "which the sweep did not vary. Compare runs that share it, or sweep it explicitly.",
+            file=sys.stderr,
+        )
+        return EXIT_REFUSED
+    metrics = args.metric or [m for m in HEADLINE_METRICS if _any_has(selection, m)]
+    for metric in metrics:
+        if _any_has(selection, metric):
+            continue
+        if not _known_metric(metric):
+            close = difflib.get_close_matches(metric, list(METRICS), n=1)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            print(
+                f"slca-exp compare: --metric {metric!r} is not a metric slca-exp logs.{hint} "
+                "The names are listed in slca_exp/tracking/names.py (and the README glossary).",
+                file=sys.stderr,
+            )
+            return EXIT_REFUSED
+        print(f"slca-exp compare: warning: no run logged {metric!r}", file=sys.stderr)
+    header, rows = table(client, selection, metrics)
+    print(
+        f"{selection.label}: {len(selection.runs)} runs; swept: {', '.join(selection.swept) or '-'}"
+    )
+    print(format_table(header, rows))
+    out = Path(args.out or Path("outputs") / "compare" / _safe(args.target))
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "table.md").write_text(sweep_runs.markdown_table(header, rows))
+    for path in write_plots(client, selection, out):
+        print(f"plot: {path}")
+    print(f"table: {out / 'table.md'}")
+    ui = args.ui_url or (uri if uri.startswith(("http://", "https://")) else DEFAULT_UI_URL)
+    print(f"MLflow compare page: {compare_url(ui, selection)}")
+    return EXIT_OK
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="slca-exp compare", description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "target", metavar="EXPERIMENT_OR_SWEEP", help="sweep id, parent run id or experiment name"
+    )
+    parser.add_argument(
+        "--metric",
+        action="append",
+        help="metric to tabulate (repeatable); default: headline rewards",
+    )
+    parser.add_argument(
+        "--strict",
+        action="store_true",
+        help="refuse (exit 2) when runs differ in an unswept recipe component",
+    )
+    parser.add_argument(
+        "--tracking-uri", help="MLflow tracking URI; default: as `slca-exp train` logs"
+    )
+    parser.add_argument(
+        "--out", help="folder for plots and table.md; default outputs/compare/<target>"
+    )
+    parser.add_argument(
+        "--ui-url",
+        default=os.environ.get("SLCA_EXP_MLFLOW_UI"),
+        help="MLflow UI base URL for the compare link; default $SLCA_EXP_MLFLOW_UI, the "
+        f"tracking server, or {DEFAULT_UI_URL}",
+    )
+    return parser
+
+
+def _legend(selection: Selection) -> dict[str, str]:
+    """Run id -> a unique legend label: its swept values (and seed), else its run name."""
+    labels: dict[str, str] = {}
+    for run in selection.runs:
+        text = " ".join(f"{k}={swept_value(run, k)}" for k in selection.swept)
+        text = text or run.info.run_name or ""
+        if not text or text in labels.values():
+            text = f"{text} [{run.info.run_id[:8]}]".strip()
+        labels[run.info.run_id] = text
+    return labels
+
+
+def _known_metric(name: str) -> bool:
+    return name in METRICS or (name.startswith("val/") and name[len("val/") :] in METRICS)
+
+
+def _any_has(selection: Selection, metric: str) -> bool:
+    return any(mlflow_key(metric) in r.data.metrics for r in selection.runs)
+
+
+def _check_store(uri: str, *, explicit: bool) -> None:
+    """Refuse a local store that does not exist (MLflow would create an empty one)."""
+    from slca_exp.tracking.sweep import local_store_path
+
+    db = local_store_path(uri)
+    if db is not None and not db.exists():
+        how = "" if explicit else " (the default store; set SLCA_EXP_ROOT or pass --tracking-uri)"
+        raise CompareError(f"no MLflow store at {db}{how}")
+
+
+def _get_run(client: Any, run_id: str) -> Any | None:
+    try:
+        return client.get_run(run_id)
+    except Exception:  # not a run id of this store
+        return None
+
+
+def _looks_like_run_id(text: str) -> bool:
+    return len(text) == 32 and all(c in "0123456789abcdef" for c in text)
+
+
+def _quote(text: str) -> str:
+    return text.replace("'", "\\'")
+
+
+def _safe(text: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in text)

@@ -1,0 +1,356 @@
+"""The recipe: the five components every number must travel with, their hashes and a fingerprint.
+
+DESIGN.md, "Recipe": backbone, reward, judge, simulator and data split are recorded as one block,
+with the algorithm, the engine and the code version beside them. The fingerprint is the sha256 of
+the canonical JSON of the five components only, so runs that sweep the estimator or the seed over
+one recipe share it, and two runs with different fingerprints differ in a recorded component.
+
+Everything that could make the recipe incomplete (a data file or a prompt that is not there, a
+local backbone folder that does not exist) is found here, before any run or folder is created,
+and reported as one :class:`~slca_exp.config.validate.ConfigError` naming the keys.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import subprocess
+from dataclasses import asdict, dataclass, is_dataclass
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from slca_exp.config.schema import RunConfig, ServiceConfig
+from slca_exp.config.validate import ConfigError, Problem
+
+COMPONENTS = ("backbone", "reward", "judge", "simulator", "data")
+"""The five recorded components, in the order the paper lists them."""
+
+PACKAGES = ("slca-exp", "torch", "verl", "vllm", "mlflow", "wandb")
+"""Packages whose installed versions are recorded (None when not installed)."""
+
+SWEEP_ID_ENV = "SLCA_EXP_SWEEP_ID"
+"""Set by the sweep callback for every job of a multirun; recorded as the ``slca.sweep`` tag."""
+
+_HUB_ID = re.compile(r"[\w.-]+(/[\w.-]+)?")
+_CHUNK = 1 << 20
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """What a run records about itself (build it with :func:`build_recipe`).
+
+    Attributes:
+        backbone, reward, judge, simulator, data: the five components (plain JSON-able dicts).
+        algorithm: the estimator and its hyper-parameters.
+        engine: where the run executes.
+        code: ``git_sha``, ``git_dirty`` (None outside a git checkout) and ``packages`` versions.
+        experiment_name: the experiment (MLflow experiment, W&B project).
+        seed: the run's seed.
+        sweep_id: the multirun this run belongs to (``$SLCA_EXP_SWEEP_ID``), else None.
+        fingerprint: sha256 (hex) of the canonical JSON of the five components.
+
+    """
+
+    backbone: dict[str, Any]
+    reward: dict[str, Any]
+    judge: dict[str, Any]
+    simulator: dict[str, Any]
+    data: dict[str, Any]
+    algorithm: dict[str, Any]
+    engine: dict[str, Any]
+    code: dict[str, Any]
+    experiment_name: str
+    seed: int
+    sweep_id: str | None
+    fingerprint: str
+
+    @property
+    def short_fingerprint(self) -> str:
+        """The first 12 hex digits of the fingerprint (tags, run names)."""
+        return self.fingerprint[:12]
+
+    def components(self) -> dict[str, dict[str, Any]]:
+        """The five components the fingerprint covers."""
+        return {name: getattr(self, name) for name in COMPONENTS}
+
+    def to_dict(self) -> dict[str, Any]:
+        """Everything, as a JSON-able dict (written as ``recipe.json``)."""
+        return asdict(self)
+
+    def to_json(self) -> str:
+        """:meth:`to_dict` as indented JSON with sorted keys."""
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+    def tags(self) -> dict[str, str]:
+        """The ``slca.*`` tags of DESIGN.md, short and human-readable."""
+        return {
+            "slca.backbone": _backbone_tag(self.backbone),
+            "slca.reward": f"{self.reward['name']}/{self.reward['variant']}",
+            "slca.judge": _service_tag(self.judge),
+            "slca.simulator": _service_tag(self.simulator),
+            "slca.data": _data_tag(self.data),
+            "slca.estimator": str(self.algorithm["name"]),
+            "slca.fingerprint": self.short_fingerprint,
+            "slca.sweep": self.sweep_id or "none",
+        }
+
+
+def build_recipe(config: RunConfig) -> Recipe:
+    """The recipe of a validated config.
+
+    Raises:
+        ConfigError: a component cannot be completed (every such problem, each naming its key).
+
+    """
+    problems: list[Problem] = []
+    components = {
+        "backbone": _backbone(config, problems),
+        "reward": _reward(config),
+        "judge": _service("judge", config.judge, problems),
+        "simulator": _service("simulator", config.simulator, problems),
+        "data": _data(config, problems),
+    }
+    if problems:
+        raise ConfigError(problems)
+    return Recipe(
+        **components,
+        algorithm=_plain(config.algorithm),
+        engine=_plain(config.engine),
+        code=code_versions(),
+        experiment_name=config.experiment_name,
+        seed=config.seed,
+        sweep_id=os.environ.get(SWEEP_ID_ENV) or None,
+        fingerprint=fingerprint(components),
+    )
+
+
+def fingerprint(components: dict[str, Any]) -> str:
+    """sha256 of the canonical JSON of the five components (data file paths left out).
+
+    Data file paths are left out: the same bytes at another path are the same recipe.
+    """
+    portable = dict(components)
+    data = dict(portable["data"])
+    data["files"] = {
+        role: {k: v for k, v in entry.items() if k != "path"}
+        for role, entry in data.get("files", {}).items()
+    }
+    portable["data"] = data
+    canonical = json.dumps(
+        {k: portable[k] for k in COMPONENTS}, sort_keys=True, separators=(",", ":")
+    )
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def sha256_file(path: str | Path) -> str:
+    """sha256 (hex) of a file, read in 1 MiB chunks; cached per (path, size, mtime).
+
+    The cache matters because ``slca-exp train`` builds the recipe twice in one process: once
+    before Hydra starts (so that a bad recipe creates nothing) and once inside the job.
+    """
+    p = Path(path).resolve()
+    st = p.stat()
+    key = (str(p), st.st_size, st.st_mtime_ns)
+    if key not in _HASHES:
+        digest = hashlib.sha256()
+        with p.open("rb") as f:
+            while chunk := f.read(_CHUNK):
+                digest.update(chunk)
+        _HASHES[key] = digest.hexdigest()
+    return _HASHES[key]
+
+
+_HASHES: dict[tuple[str, int, int], str] = {}
+
+
+def code_versions() -> dict[str, Any]:
+    """Git sha and dirty flag of the slca-exp checkout (None if not one) and package versions."""
+    sha, dirty = _git_state(Path(__file__).resolve().parents[1])
+    packages = {}
+    for name in PACKAGES:
+        try:
+            packages[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            packages[name] = None
+    return {"git_sha": sha, "git_dirty": dirty, "packages": packages}
+
+
+# --- components --------------------------------------------------------------------------------
+
+
+def _backbone(config: RunConfig, problems: list[Problem]) -> dict[str, Any]:
+    b = config.backbone
+    out: dict[str, Any] = {
+        "name": b.name,
+        "source": b.source,
+        "path": b.path,
+        "revision": b.revision,
+        "dtype": b.dtype,
+        "chat_template": None,
+    }
+    if b.source == "builtin":
+        out["arch"] = _plain(b.arch)
+    elif b.source == "local" and b.path and not Path(b.path).is_dir():
+        problems.append(
+            Problem(
+                "backbone.path",
+                f"backbone.source=local but {b.path!r} is not a folder",
+                "point backbone.path at the folder holding the weights (config.json, ...)",
+            )
+        )
+    elif b.source == "hf" and b.path and not (Path(b.path).is_dir() or _HUB_ID.fullmatch(b.path)):
+        problems.append(
+            Problem(
+                "backbone.path",
+                f"{b.path!r} is neither a local folder nor a hub id (org/name)",
+                "set backbone.path=<org>/<model> (and pin backbone.revision) or a local folder",
+            )
+        )
+    if b.chat_template:
+        template = Path(b.chat_template)
+        if template.is_file():
+            out["chat_template"] = {
+                "path": str(template.resolve()),
+                "sha256": sha256_file(template),
+            }
+        else:
+            problems.append(
+                Problem(
+                    "backbone.chat_template",
+                    f"chat-template file {b.chat_template!r} does not exist",
+                    "give the path of a jinja template file, or null for the tokenizer's own",
+                )
+            )
+    return out
+
+
+def _reward(config: RunConfig) -> dict[str, Any]:
+    r = config.reward
+    weights = _plain(r.tool_weights)
+    if r.normalize:
+        # Validation guarantees a positive sum; the rescaled weights are the ones that score.
+        total = sum(weights.values())
+        weights = {k: v / total for k, v in weights.items()}
+    return {
+        "name": r.name,
+        "variant": r.variant,
+        "tool_weights": weights,
+        "normalized": r.normalize,
+        "process_weight": r.process_weight,
+        "summary_weight": r.summary_weight,
+        "no_call_penalty": r.no_call_penalty,
+        "judge_failure": r.judge_failure,
+        "normalize_strings": r.normalize_strings,
+    }
+
+
+def _service(group: str, svc: ServiceConfig, problems: list[Problem]) -> dict[str, Any]:
+    """The judge's or simulator's description, as its own package gives it."""
+    # Imported here: only recipe building needs them, and they pull in the HTTP client.
+    if group == "judge":
+        from slca_exp.judges import describe_judge as describe
+    else:
+        from slca_exp.simulators import describe_simulator as describe
+    try:
+        return dict(describe(svc))
+    except FileNotFoundError as err:
+        what = f"file {err.filename!r} does not exist" if err.filename else str(err)
+        problems.append(
+            Problem(
+                f"{group}.prompt",
+                what,
+                f"point {group}.prompt at an existing template file, or null for the shipped one",
+            )
+        )
+        return {"name": svc.name, "backend": svc.backend}
+
+
+def _data(config: RunConfig, problems: list[Problem]) -> dict[str, Any]:
+    d = config.data
+    out: dict[str, Any] = {"name": d.name, "kind": d.kind, "seed": d.seed, "files": {}}
+    if d.kind == "synthetic":
+        # Generated on this machine from (rows, seed): those two determine the split.
+        out["rows"] = d.rows
+        return out
+    base = Path(d.dir) if d.dir else Path.cwd()
+    for role, name in _plain(d.files).items():
+        if not name:
+            continue
+        key = f"data.files.{role}"
+        path = (base / name).resolve()
+        if not path.is_file():
+            where = f" (relative to data.dir={d.dir})" if d.dir else ""
+            problems.append(
+                Problem(key, f"file {str(path)!r} does not exist{where}", f"fix {key} or data.dir")
+            )
+            continue
+        rows = _parquet_rows(path)
+        if rows is None:
+            problems.append(
+                Problem(key, f"{str(path)!r} is not a parquet file", f"give {key} a .parquet file")
+            )
+            continue
+        out["files"][role] = {"path": str(path), "sha256": sha256_file(path), "rows": rows}
+    return out
+
+
+def _parquet_rows(path: Path) -> int | None:
+    """Row count from the parquet footer (the data is not read); None if not parquet."""
+    import pyarrow.parquet as pq
+    from pyarrow import ArrowException
+
+    try:
+        return int(pq.read_metadata(path).num_rows)
+    except (ArrowException, OSError):
+        return None
+
+
+# --- tags and helpers --------------------------------------------------------------------------
+
+
+def _backbone_tag(b: dict[str, Any]) -> str:
+    if b["source"] == "builtin":
+        return f"builtin:{b['name']}"
+    ref = b["path"] or b["name"]
+    return f"{b['source']}:{ref}" + (f"@{str(b['revision'])[:12]}" if b.get("revision") else "")
+
+
+def _service_tag(s: dict[str, Any]) -> str:
+    tag = str(s.get("backend") or s.get("name"))
+    if s.get("model"):
+        tag += f":{s['model']}"
+    if s.get("prompt_version"):
+        tag += f"@{s['prompt_version']}"
+    return tag
+
+
+def _data_tag(d: dict[str, Any]) -> str:
+    if d["kind"] == "synthetic":
+        return f"synthetic:{d['name']}/rows={d['rows']},seed={d['seed']}"
+    joined = "".join(f"{role}={f['sha256']}" for role, f in sorted(d["files"].items()))
+    return f"{d['name']}@{hashlib.sha256(joined.encode()).hexdigest()[:12]}"
+
+
+def _plain(obj: Any) -> Any:  # noqa: ANN401
+    return asdict(obj) if is_dataclass(obj) else obj
+
+
+def _git_state(folder: Path) -> tuple[str | None, bool | None]:
+    if not (folder / ".git").exists():
+        return None, None
+    try:
+        sha = _git(folder, "rev-parse", "HEAD")
+        # Untracked files count: a new module changes what runs as much as an edited one.
+        dirty = bool(_git(folder, "status", "--porcelain"))
+    except (OSError, subprocess.SubprocessError):
+        return None, None
+    return sha, dirty
+
+
+def _git(folder: Path, *args: str) -> str:
+    return subprocess.run(
+        ["git", "-C", str(folder), *args], capture_output=True, text=True, timeout=20, check=True
+    ).stdout.strip()

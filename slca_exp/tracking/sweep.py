@@ -1,0 +1,374 @@
+"""One MLflow parent run per Hydra multirun; every job's run becomes its child.
+
+:class:`MlflowSweepCallback` is registered under ``hydra.callbacks`` in ``conf/config.yaml``, so
+``slca-exp train -m ...`` gets it whenever ``tracking.backends`` contains ``mlflow``.
+
+- ``on_multirun_start`` (launching process): creates the experiment if needed and the parent run,
+  with the swept parameters as params (``reward.tool_weights.parallel`` = ``0.1,0.3``) and the
+  tags ``slca.sweep`` (the sweep id), ``slca.role=parent`` and ``slca.swept`` (the swept keys).
+- ``on_job_start`` (job process; submitit pickles this object into every job): exports
+  ``SLCA_EXP_PARENT_RUN_ID`` and ``SLCA_EXP_SWEEP_ID``; the MLflow tracker reads them and makes the
+  job's run a child (tag ``mlflow.parentRunId``) of the sweep (tag ``slca.sweep``, W&B group).
+- ``on_job_end`` (job process): finds the job's child run, tags it with its overrides
+  (``slca.overrides`` and one ``slca.swept.<key>`` tag per swept key) and records the job's status
+  and return value as the parent's tag ``slca.jobs.<num>`` (JSON), where the launching process
+  reads it back: state changed inside a submitit job never returns to the launching process.
+- ``on_multirun_end`` (launching process): logs ``sweep_summary.csv`` and ``sweep_summary.md``
+  (one row per job: run id, overrides, status, final metrics) and ends the parent FINISHED, or
+  FAILED when a job failed or never reported. If the launching process exits before that (a job
+  raised, so Hydra's sweeper re-raised; a job called ``sys.exit``; Ctrl-C; a submitit job died),
+  an ``atexit`` hook ends it FAILED. (Tags, not artifacts, carry the job records because
+  artifact downloads need worker threads, which Python refuses once it is exiting.)
+
+Hydra turns exceptions raised in callbacks into warnings, so the tests call these methods directly.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import logging
+import os
+import secrets
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig, OmegaConf
+
+from slca_exp.tracking import sweep_runs
+from slca_exp.tracking.base import global_rank
+from slca_exp.tracking.mlflow import get_or_create_experiment
+from slca_exp.tracking.redact import Redactor
+from slca_exp.tracking.sweep_runs import (
+    ENV_PARENT_RUN_ID,
+    ENV_SWEEP_ID,
+    TAG_JOB,
+    TAG_JOB_STATUS,
+    TAG_OVERRIDES,
+    TAG_ROLE,
+    TAG_SWEEP,
+    TAG_SWEPT,
+    split_overrides,
+)
+
+log = logging.getLogger(__name__)
+
+JOB_TAG_PREFIX = "slca.jobs."
+"""Parent tags ``slca.jobs.<num>``: each job's record (JSON), written from inside the job."""
+SUMMARY_NAME = "sweep_summary"
+
+
+def resolve_tracking_uri(config: DictConfig | None, explicit: str | None = None) -> str:
+    """The tracking URI, resolved the way the MLflow tracker resolves it.
+
+    Order: ``explicit`` (the callback's ``tracking_uri`` parameter, ``--tracking-uri``), then with
+    a config the tracker's own choice (``tracking.mlflow_uri``, else
+    ``sqlite:///<tracking.root>/mlflow.db``); without one ``$MLFLOW_TRACKING_URI``, else the
+    default store ``sqlite:///<$SLCA_EXP_ROOT or outputs>/mlflow.db``. Relative paths are made
+    absolute, so that jobs on other nodes or in other folders open the same store.
+    """
+    from slca_exp.tracking.mlflow import store_uri
+
+    tracking = OmegaConf.select(config, "tracking", default=None) if config is not None else None
+    if explicit:
+        uri = explicit
+    elif tracking is not None:
+        uri = store_uri(tracking)
+    else:
+        root = os.environ.get("SLCA_EXP_ROOT") or "outputs"
+        uri = os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path(root) / 'mlflow.db'}"
+    return absolute_uri(str(uri))
+
+
+def default_tracking_uri() -> str:
+    """The store ``slca-exp train`` logs to with the default config (``slca-exp compare``)."""
+    return resolve_tracking_uri(None)
+
+
+def artifact_root(config: DictConfig | None, uri: str) -> Path | None:
+    """The folder whose ``mlartifacts/`` holds a new experiment's artifacts.
+
+    As the tracker picks it: ``tracking.root`` for the default sqlite store; beside the database
+    for another sqlite store; None (the server's or MLflow's default) otherwise.
+    """
+    from slca_exp.tracking.mlflow import output_root
+
+    tracking = OmegaConf.select(config, "tracking", default=None) if config is not None else None
+    if tracking is not None and uri == resolve_tracking_uri(config) and not tracking.mlflow_uri:
+        return output_root(tracking)
+    if uri.startswith("sqlite:///"):
+        return Path(uri[len("sqlite:///") :]).parent
+    return None
+
+
+def local_store_path(uri: str) -> Path | None:
+    """The database file or folder of a local (sqlite or file) store; None for a server."""
+    from urllib.parse import urlparse
+
+    if uri.startswith("sqlite:///"):
+        return Path(uri[len("sqlite:///") :])
+    if uri.startswith("file:"):
+        return Path(urlparse(uri).path)
+    return None
+
+
+def absolute_uri(uri: str) -> str:
+    """Make the path of a ``sqlite:///`` or ``file:`` URI (or a bare path) absolute."""
+    if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
+        return "sqlite:///" + str(Path(uri[len("sqlite:///") :]).resolve())
+    if uri.startswith("file:") and not uri.startswith("file:/"):
+        return Path(uri[len("file:") :]).resolve().as_uri()
+    if "://" not in uri and not uri.startswith("file:"):
+        return Path(uri).resolve().as_uri()
+    return uri
+
+
+class MlflowSweepCallback(Callback):
+    """Hydra callback: one MLflow parent run per multirun, each job's run a child of it.
+
+    Args:
+        tracking_uri: MLflow tracking URI; default: see :func:`resolve_tracking_uri`.
+        sweep_id: the sweep id; default ``<experiment_name>-<YYYYmmdd-HHMMSS>-<6 hex>``.
+        enabled: ``None`` (default) = only when ``tracking.backends`` contains ``mlflow``.
+
+    """
+
+    def __init__(
+        self,
+        tracking_uri: str | None = None,
+        sweep_id: str | None = None,
+        enabled: bool | None = None,
+    ) -> None:
+        self.tracking_uri = tracking_uri
+        self.sweep_id = sweep_id
+        self.enabled = enabled
+        self.parent_run_id: str | None = None
+        self.experiment_id: str | None = None
+        self.swept: dict[str, str] = {}
+        self.expected_jobs: int | None = None
+        self.jobs: dict[int, dict[str, Any]] = {}
+        self._job: dict[str, Any] | None = None
+        self._run_name = ""
+        self._raw_overrides: list[str] = []
+        self._saved_env: dict[str, str | None] = {}
+        self._client_cache: Any = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Pickled into submitit jobs: an MlflowClient holds a store connection; rebuild it there.
+        state = dict(self.__dict__)
+        state["_client_cache"] = None
+        return state
+
+    # -- Hydra hooks ----------------------------------------------------------------------------
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        """Create the experiment (if needed) and the parent run; remember its id."""
+        if not self._wanted(config):
+            return
+        self.tracking_uri = resolve_tracking_uri(config, self.tracking_uri)
+        name = str(OmegaConf.select(config, "experiment_name", default="slca-exp"))
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        self.sweep_id = self.sweep_id or f"{name}-{stamp}-{secrets.token_hex(3)}"
+        # Secrets never reach MLflow: overrides and values are redacted as the trackers do.
+        redactor = Redactor.for_config(config)
+        raw = [str(o) for o in OmegaConf.select(config, "hydra.overrides.task") or []]
+        swept, fixed = split_overrides(raw)
+        self.swept = {k: redactor.value(k, v) for k, v in swept.items()}
+        fixed = {k: redactor.value(k, v) for k, v in fixed.items()}
+        task_overrides = [redactor.text(o) for o in raw]
+        self.expected_jobs = _expected_jobs(config, raw)
+        client = self._client()
+        self.experiment_id = get_or_create_experiment(
+            client, name, artifact_root(config, self.tracking_uri)
+        )
+        tags = {
+            TAG_SWEEP: self.sweep_id,
+            TAG_ROLE: "parent",
+            TAG_SWEPT: json.dumps(sorted(self.swept)),
+            TAG_OVERRIDES: " ".join(task_overrides),
+            "slca.sweep_dir": str(Path(str(OmegaConf.select(config, "hydra.sweep.dir"))).resolve()),
+            "slca.expected_jobs": str(self.expected_jobs or ""),
+            "mlflow.note.content": (
+                f"Sweep {self.sweep_id}: {' '.join(task_overrides)}. Children are the jobs; "
+                "sweep_summary.md lists them."
+            ),
+        }
+        run = client.create_run(self.experiment_id, run_name=self.sweep_id, tags=tags)
+        self.parent_run_id = run.info.run_id
+        params = {**fixed, **self.swept}
+        if params:
+            from mlflow.entities import Param
+
+            client.log_batch(self.parent_run_id, params=[Param(k, v) for k, v in params.items()])
+        atexit.register(self._end_if_open)
+        log.info("sweep %s: parent MLflow run %s", self.sweep_id, self.parent_run_id)
+
+    def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
+        """Export the parent run id and sweep id to the job (read by the trackers)."""
+        if self.parent_run_id is None:
+            return
+        self._saved_env = {k: os.environ.get(k) for k in (ENV_PARENT_RUN_ID, ENV_SWEEP_ID)}
+        os.environ[ENV_PARENT_RUN_ID] = self.parent_run_id
+        os.environ[ENV_SWEEP_ID] = str(self.sweep_id)
+        overrides = [str(o) for o in OmegaConf.select(config, "hydra.overrides.task") or []]
+        redactor = Redactor.for_config(config)
+        # The tracker's default run name (tracking/build.py), to tell parallel jobs' runs apart.
+        plain = sorted(o for o in overrides if not o.lstrip("+~").startswith("hydra"))
+        self._job = {
+            "num": int(OmegaConf.select(config, "hydra.job.num", default=0) or 0),
+            "overrides": [redactor.text(o) for o in overrides],
+            "start_ms": int(time.time() * 1000),
+        }
+        self._run_name = redactor.text(",".join(plain))[:200]
+        self._raw_overrides = overrides  # in this process only; never written
+
+    def on_job_end(self, config: DictConfig, job_return: Any, **kwargs: Any) -> None:
+        """Tag the job's child run with its overrides; record the job's status on the parent."""
+        if self.parent_run_id is None or self._job is None:
+            return
+        job, self._job = self._job, None
+        try:
+            if global_rank() != 0:  # every task of a multi-task submitit job runs the Hydra job
+                return
+            status = getattr(getattr(job_return, "status", None), "name", "UNKNOWN")
+            job["status"] = status
+            job["return"] = _describe_return(job_return)
+            client = self._client()
+            child = sweep_runs.find_child(
+                client,
+                self.experiment_id,
+                self.parent_run_id,
+                job["start_ms"],
+                self._raw_overrides,
+                run_name=self._run_name,
+            )
+            job["run_id"] = child.info.run_id if child else None
+            if child is None:
+                log.warning(
+                    "sweep %s: job %d made no MLflow child run (is tracking.backends "
+                    "missing mlflow?)",
+                    self.sweep_id,
+                    job["num"],
+                )
+            else:
+                self._tag_child(client, child, job, Redactor.for_config(config))
+            client.set_tag(self.parent_run_id, f"{JOB_TAG_PREFIX}{job['num']:04d}", _record(job))
+            self.jobs[job["num"]] = job
+        finally:
+            for key, value in self._saved_env.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        """Log the summary table and end the parent FINISHED, or FAILED if a job failed."""
+        if self.parent_run_id is None:
+            return
+        self._finish(error=None)
+
+    # -- internals ------------------------------------------------------------------------------
+
+    def _wanted(self, config: DictConfig) -> bool:
+        if self.enabled is not None:
+            return bool(self.enabled)
+        backends = OmegaConf.select(config, "tracking.backends", default=None) or []
+        return "mlflow" in [str(b) for b in backends]
+
+    def _client(self) -> Any:
+        if self._client_cache is None:
+            from mlflow.tracking import MlflowClient
+
+            self._client_cache = MlflowClient(tracking_uri=self.tracking_uri)
+        return self._client_cache
+
+    def _tag_child(self, client: Any, child: Any, job: dict[str, Any], redactor: Redactor) -> None:
+        _, values = split_overrides(self._raw_overrides)  # a job's overrides are single values
+        tags = {
+            TAG_OVERRIDES: " ".join(job["overrides"]),
+            TAG_JOB: str(job["num"]),
+            TAG_JOB_STATUS: job["status"],
+            TAG_SWEEP: str(self.sweep_id),
+            TAG_ROLE: "child",
+            **{
+                f"{TAG_SWEPT}.{k}": redactor.value(k, v)
+                for k, v in values.items()
+                if k in self.swept
+            },
+        }
+        from mlflow.entities import RunTag
+
+        client.log_batch(child.info.run_id, tags=[RunTag(k, v) for k, v in tags.items()])
+        if child.info.status == "RUNNING":  # the tracker did not close it: never leave it RUNNING
+            final = "FINISHED" if job["status"] == "COMPLETED" else "FAILED"
+            client.set_terminated(child.info.run_id, status=final)
+
+    def _collect_jobs(self, client: Any) -> dict[int, dict[str, Any]]:
+        """Job records: this process's (basic launcher) merged with those the jobs tagged."""
+        jobs = dict(self.jobs)
+        for key, value in client.get_run(self.parent_run_id).data.tags.items():
+            if key.startswith(JOB_TAG_PREFIX) and key[len(JOB_TAG_PREFIX) :].isdigit():
+                record = json.loads(value)
+                jobs.setdefault(int(record["num"]), record)
+        return jobs
+
+    def _finish(self, error: str | None) -> None:
+        client = self._client()
+        try:
+            jobs = self._collect_jobs(client)
+            children = sweep_runs.children(client, self.experiment_id, self.parent_run_id)
+            table = sweep_runs.summary_rows(jobs, children)
+            failed = sweep_runs.failed_jobs(jobs, children)
+            missing = (self.expected_jobs or 0) - len(jobs)
+            with tempfile.TemporaryDirectory() as tmp:
+                for path in sweep_runs.write_summary(table, Path(tmp), SUMMARY_NAME):
+                    client.log_artifact(self.parent_run_id, str(path))
+            tags = {"slca.jobs.failed": str(len(failed)), "slca.jobs.reported": str(len(jobs))}
+            if missing > 0:
+                error = error or f"{missing} of {self.expected_jobs} jobs never reported"
+            if error:
+                tags["slca.sweep_error"] = error
+            for key, value in tags.items():
+                client.set_tag(self.parent_run_id, key, value)
+            status = "FAILED" if failed or error or missing > 0 else "FINISHED"
+        except Exception as err:  # the parent must not stay RUNNING because a summary failed
+            log.warning("sweep %s: could not write the summary: %s", self.sweep_id, err)
+            status = "FAILED"
+        client.set_terminated(self.parent_run_id, status=status)
+        log.info("sweep %s: parent run %s ended %s", self.sweep_id, self.parent_run_id, status)
+        self.parent_run_id = None
+        atexit.unregister(self._end_if_open)
+
+    def _end_if_open(self) -> None:
+        """``atexit``: the multirun stopped before ``on_multirun_end``; end the parent FAILED."""
+        if self.parent_run_id is not None:
+            self._finish(error="the multirun stopped before all jobs returned")
+
+
+def _expected_jobs(config: DictConfig, task_overrides: list[str]) -> int | None:
+    """Number of jobs the basic sweeper will launch; ``None`` for other sweepers."""
+    target = str(OmegaConf.select(config, "hydra.sweeper._target_", default=""))
+    if not target.endswith("BasicSweeper"):
+        return None
+    from slca_exp.config.compose import expand_sweeps
+
+    return len(expand_sweeps(task_overrides))
+
+
+def _record(job: dict[str, Any]) -> str:
+    """A job record as JSON that fits in an MLflow tag value (8000 characters)."""
+    text = json.dumps(job)
+    if len(text) > 7900:
+        text = json.dumps({**job, "return": job["return"][:200], "overrides": ["(too long)"]})
+    return text
+
+
+def _describe_return(job_return: Any) -> str:
+    """A short text for the job's return value (or its exception)."""
+    # ``_return_value``: the public property re-raises a failed job's exception and writes to stderr
+    value = getattr(job_return, "_return_value", None)
+    text = f"{type(value).__name__}: {value}" if isinstance(value, BaseException) else repr(value)
+    return text if len(text) <= 500 else text[:497] + "..."

@@ -1,0 +1,99 @@
+"""The W&B tracker: offline runs under ``<tracking.root>/wandb``, one new run per job.
+
+project = ``tracking.wandb_project`` or the experiment name, group = the sweep id
+(``$SLCA_EXP_SWEEP_ID``), config = the redacted recipe (plus the redacted resolved config under
+``config``), tags = the ``slca.*`` tag values. Offline by default (``tracking.wandb_mode``):
+nothing talks to the network and ``wandb sync <run dir>`` uploads later; ``online`` streams to
+W&B with the credentials of the environment (``WANDB_API_KEY``).
+
+W&B writes the config into ``debug.log`` and, unless told not to, the command line into its
+metadata and the console into ``output.log``; metadata and console capture are switched off so
+that only redacted values reach its files.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from slca_exp.tracking.base import Status
+from slca_exp.tracking.mlflow import output_root
+from slca_exp.tracking.redact import Redactor
+
+if TYPE_CHECKING:
+    from slca_exp.config.schema import TrackingConfig
+    from slca_exp.recipe import Recipe
+
+_EXIT_CODES = {"FINISHED": 0, "FAILED": 1, "KILLED": 143}
+
+
+class WandbTracker:
+    """Logs one run to W&B (offline).
+
+    Args:
+        tracking: the ``tracking`` config.
+        run_name: the run's name.
+        redactor: applied to the config and tags.
+
+    """
+
+    def __init__(self, tracking: TrackingConfig, run_name: str, redactor: Redactor) -> None:
+        self.cfg = tracking
+        self.run_name = run_name
+        self.redactor = redactor
+        self.run: Any = None
+        self.run_dir: Path | None = None
+        """The offline run folder (``<root>/wandb/offline-run-<time>-<id>``), once started."""
+
+    def start(self, recipe: Recipe, params: Mapping[str, Any]) -> None:
+        """Open a new offline run whose config is the recipe."""
+        import wandb
+
+        folder = output_root(self.cfg)
+        folder.mkdir(parents=True, exist_ok=True)
+        config = self.redactor.mapping({**recipe.to_dict(), "config": dict(params)})
+        # W&B tags are limited to 64 characters each.
+        tags = [f"{k.removeprefix('slca.')}={v}" for k, v in recipe.tags().items()]
+        self.run = wandb.init(
+            project=self.cfg.wandb_project or recipe.experiment_name,
+            entity=self.cfg.wandb_entity,
+            name=self.run_name,
+            group=recipe.sweep_id,
+            job_type=self.cfg.job_type,
+            tags=[self.redactor.text(tag)[:64] for tag in tags],
+            config=config,
+            dir=str(folder),
+            mode=self.cfg.wandb_mode,
+            reinit="finish_previous",
+            settings=wandb.Settings(
+                console="off",
+                x_disable_meta=True,
+                disable_git=True,
+                save_code=False,
+                x_disable_stats=True,
+                x_save_requirements=False,
+                silent=True,
+            ),
+        )
+        self.run_dir = Path(self.run.dir).parent
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
+        """Record one step."""
+        self.run.log(dict(metrics), step=step)
+
+    def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
+        """Copy a file into the run's files (``artifact_path`` kept as a sub-folder)."""
+        source = Path(path)
+        target = Path(self.run.dir) / (artifact_path or "") / source.name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(source.read_bytes())
+        self.run.save(str(target), base_path=self.run.dir, policy="now")
+
+    def finish(self, status: Status) -> None:
+        """Close the run; W&B records FAILED/KILLED as a non-zero exit code."""
+        if self.run is None:
+            return
+        run, self.run = self.run, None
+        run.summary["slca_status"] = status
+        run.finish(exit_code=_EXIT_CODES[status])

@@ -1,0 +1,165 @@
+"""``slca-exp compare``, run as a user runs it (the installed console script) on the store a real
+2x2 ``slca-exp train -m`` wrote; plus seed averaging on runs created directly in MLflow."""
+
+import json
+import os
+import re
+import shutil
+import subprocess
+
+import pytest
+from mlflow.entities import Metric, Param, RunTag
+from mlflow.tracking import MlflowClient
+
+from slca_exp.comparability import swept_components
+from slca_exp.compare import main as compare_main
+from tests.tracking.sweeps import SLCA_EXE, run_train, shared_sweep
+
+
+def compare(*args, cwd):
+    return subprocess.run(
+        [SLCA_EXE, "compare", *args], cwd=cwd, capture_output=True, text=True, timeout=180
+    )
+
+
+@pytest.fixture(scope="session")
+def sweep(tmp_path_factory):
+    return shared_sweep(tmp_path_factory)
+
+
+def test_a_sweep_gives_a_four_row_table_plots_and_the_compare_url(sweep, tmp_path):
+    out = tmp_path / "plots"
+    res = compare(sweep.sweep_id, "--tracking-uri", sweep.uri, "--out", str(out), cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert "warning" not in res.stderr  # only the swept components (reward) differ
+    lines = res.stdout.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.startswith("run "))
+    rows = lines[header + 2 : header + 6]
+    assert not lines[header + 6].startswith(tuple("0123456789abcdef"))  # exactly 4 rows
+    for child in sweep.children:
+        row = next(r for r in rows if r.startswith(child.info.run_id[:8]))
+        cells = row.split()
+        assert cells[1] == child.data.tags["slca.swept.algorithm"]
+        assert cells[2] == child.data.tags["slca.swept.reward.tool_weights.parallel"]
+        assert cells[3] == f"{child.data.metrics['reward/total/mean']:.4g}"  # final value
+    for name in ("rewards.png", "advantages.png"):
+        assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
+    assert (out / "table.md").read_text().count("\n") == 2 + 4
+    url = re.search(r"MLflow compare page: (\S+)", res.stdout).group(1)
+    assert url.startswith("http://127.0.0.1:5000/#/compare-runs?runs=[")
+    runs = json.loads(re.search(r"runs=(\[[^]]*\])", url).group(1))
+    experiments = json.loads(re.search(r"experiments=(\[[^]]*\])", url).group(1))
+    assert sorted(runs) == sorted(c.info.run_id for c in sweep.children)
+    assert experiments == [sweep.parent.info.experiment_id]
+
+
+@pytest.mark.parametrize("how", ["parent_run_id", "experiment_name"])
+def test_a_parent_run_id_or_an_experiment_name_finds_the_same_runs(sweep, tmp_path, how):
+    target = sweep.parent.info.run_id if how == "parent_run_id" else "slca-exp"
+    # the default store: $SLCA_EXP_ROOT/mlflow.db, as `slca-exp train` uses it
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    res = subprocess.run(
+        [SLCA_EXE, "compare", target, "--metric", "adv/tool/abs_mean", "--ui-url", "http://h:1"],
+        cwd=tmp_path,
+        env={**env, "SLCA_EXP_ROOT": str(sweep.root)},
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert res.returncode == 0, res.stderr
+    assert "4 runs" in res.stdout and "adv/tool/abs_mean (best)" in res.stdout
+    assert "http://h:1/#/compare-runs?runs=" in res.stdout
+    for child in sweep.children:
+        assert child.info.run_id in res.stdout
+    assert (tmp_path / "outputs" / "compare").is_dir()
+
+
+def test_changing_the_judge_in_one_child_makes_strict_refuse(sweep, tmp_path):
+    # A copy of the sweep's store in which job 3 was re-run with the openai judge.
+    db = tmp_path / "mlflow.db"
+    shutil.copy(sweep.root / "mlflow.db", db)
+    uri = f"sqlite:///{db}"
+    client = MlflowClient(uri)
+    replaced = next(c for c in sweep.children if c.data.tags["slca.job"] == "3")
+    job = replaced.data.tags["slca.overrides"].split()
+    env = {"SLCA_EXP_PARENT_RUN_ID": sweep.parent.info.run_id, "SLCA_EXP_SWEEP_ID": sweep.sweep_id}
+    args = [*job, "judge=openai", f"tracking.mlflow_uri={uri}"]
+    assert run_train(args, tmp_path / "root", tmp_path, env) == 0
+    client.delete_run(replaced.info.run_id)
+    children = client.search_runs(
+        [sweep.parent.info.experiment_id],
+        f"tags.`mlflow.parentRunId` = '{sweep.parent.info.run_id}'",
+    )
+    judge = replaced.data.tags["slca.judge"]  # e.g. rubric@rubric-v1
+    other = "openai:openai/gpt-oss-120b@hierr-judge-v1"
+    assert sorted(c.data.tags["slca.judge"] for c in children) == [other] + [judge] * 3
+
+    res = compare(sweep.sweep_id, "--tracking-uri", uri, "--strict", cwd=tmp_path)
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert "runs differ in judge, which was not swept" in res.stderr
+    assert f"'{judge} (backend=rubric, " in res.stderr and "in 3 run(s)" in res.stderr
+    assert f"'{other} (backend=openai, " in res.stderr and "in 1 run(s)" in res.stderr
+    assert "judge.model" in res.stderr  # a differing field, from recipe.json
+    assert "refusing to compare (--strict)" in res.stderr and res.stdout == ""
+
+    res = compare(sweep.sweep_id, "--tracking-uri", uri, "--out", str(tmp_path), cwd=tmp_path)
+    assert res.returncode == 0 and "warning: runs differ in judge" in res.stderr
+    assert "MLflow compare page" in res.stdout
+
+
+def test_unknown_target_store_or_metric_exits_2_with_a_message(sweep, tmp_path):
+    res = compare("no-such-sweep", "--tracking-uri", sweep.uri, cwd=tmp_path)
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    assert "no sweep id, parent run id or experiment named 'no-such-sweep'" in res.stderr
+    assert "Experiments: Default, slca-exp" in res.stderr
+    res = compare(
+        sweep.sweep_id, "--tracking-uri", sweep.uri, "--metric", "reward/tool/maen", cwd=tmp_path
+    )
+    assert res.returncode == 2 and "--metric 'reward/tool/maen' is not a metric" in res.stderr
+    assert "Did you mean 'reward/tool/mean'?" in res.stderr
+    missing = tmp_path / "nowhere" / "mlflow.db"
+    res = compare("x", "--tracking-uri", f"sqlite:///{missing}", cwd=tmp_path)
+    assert res.returncode == 2 and f"no MLflow store at {missing}" in res.stderr
+    assert not missing.exists()
+
+
+def test_runs_that_differ_only_in_seed_are_averaged(tmp_path, capsys):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(uri)
+    exp = client.create_experiment("seeds", artifact_location=(tmp_path / "art").as_uri())
+    parent = client.create_run(
+        exp, tags={"slca.sweep": "s1", "slca.role": "parent", "slca.swept": '["algorithm", "seed"]'}
+    )
+    finals = {("grpo", 1): 0.2, ("grpo", 2): 0.4, ("slca_grpo", 1): 0.5, ("slca_grpo", 2): 0.9}
+    for (algo, seed), final in finals.items():
+        run = client.create_run(exp, tags={"mlflow.parentRunId": parent.info.run_id})
+        tags = {"slca.swept.algorithm": algo, "slca.swept.seed": str(seed), "slca.judge": "rubric"}
+        metrics = [Metric("reward/total/mean", v, 0, s) for s, v in enumerate([0.1, 1.0, final])]
+        client.log_batch(
+            run.info.run_id,
+            metrics=metrics,
+            params=[Param("seed", str(seed)), Param("algorithm.name", algo)],
+            tags=[RunTag(k, v) for k, v in tags.items()],
+        )
+    assert compare_main(["s1", "--tracking-uri", uri, "--out", str(tmp_path / "o")]) == 0
+    out = capsys.readouterr().out
+    grpo = next(line for line in out.splitlines() if line.startswith("2 ") and "slca" not in line)
+    slca = next(line for line in out.splitlines() if line.startswith("2 ") and "slca" in line)
+    # mean and sample std of the final values; best is the max of each run's history (1.0)
+    assert grpo.split() == ["2", "1,2", "grpo", "0.3", "+/-", "0.14", "1", "+/-", "0"]
+    assert slca.split() == ["2", "1,2", "slca_grpo", "0.7", "+/-", "0.28", "1", "+/-", "0"]
+
+
+def test_swept_keys_map_to_recipe_components():
+    assert swept_components(["judge.model", "reward.tool_weights.parallel", "seed"]) == {
+        "judge",
+        "reward",
+    }
+    assert swept_components(["data"]) == {"data"}
+    assert swept_components(["experiment"]) == {
+        "backbone",
+        "reward",
+        "judge",
+        "simulator",
+        "data",
+    }

@@ -1,0 +1,138 @@
+"""A real ``mlflow server`` on 127.0.0.1, killed mid-run and restarted: every step lands once."""
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from mlflow import MlflowClient
+
+from slca_exp.config.compose import compose_run
+from slca_exp.config.validate import validate
+from slca_exp.recipe import build_recipe
+from slca_exp.tracking.mlflow import MlflowTracker, mlflow_key
+from slca_exp.tracking.redact import Redactor
+from tests.tracking.synthetic import step_metrics
+
+MLFLOW = shutil.which("mlflow") or str(Path(sys.executable).parent / "mlflow")
+
+pytestmark = pytest.mark.slow
+
+
+class Server:
+    """``mlflow server`` in its own process group, so SIGKILL takes its workers too."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        log = (self.root / "server.log").open("a")
+        self.proc = subprocess.Popen(
+            [
+                MLFLOW,
+                "server",
+                "--backend-store-uri",
+                f"sqlite:///{self.root / 'mlflow.db'}",
+                "--artifacts-destination",
+                str(self.root / "artifacts"),
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                "--workers",
+                "1",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(f"{self.url}/health", timeout=2) as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                time.sleep(0.2)
+        raise RuntimeError(f"mlflow server did not start: {(self.root / 'server.log').read_text()}")
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        os.killpg(self.proc.pid, signal.SIGKILL)  # the group this test created
+        self.proc.wait(timeout=30)
+        self.proc = None
+
+
+@pytest.fixture
+def server(tmp_path):
+    srv = Server(tmp_path)
+    srv.start()
+    yield srv
+    if srv.proc is not None:
+        srv.kill()
+
+
+def test_server_killed_mid_run_and_restarted_keeps_every_step_once(server, tmp_path, monkeypatch):
+    for var in ("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_HTTP_REQUEST_TIMEOUT"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.delenv("SLCA_EXP_PARENT_RUN_ID", raising=False)
+    config = validate(
+        compose_run(
+            [
+                f"tracking.root={tmp_path / 'client'}",
+                f"tracking.mlflow_uri={server.url}",
+                "tracking.retry_every_s=0.2",
+                "tracking.flush_timeout_s=120",
+                "tracking.http_retries=0",
+            ]
+        )
+    )
+    recipe = build_recipe(config)
+    tracker = MlflowTracker(config.tracking, "resilience", Redactor())
+    tracker.start(recipe, {"seed": 1})
+    metrics = {}
+
+    def log(steps):
+        for step in steps:
+            metrics, _ = step_metrics(step)
+            tracker.log_metrics(metrics, step)
+            time.sleep(0.05)
+        return metrics
+
+    metrics = log(range(0, 5))
+    server.kill()
+    log(range(5, 10))  # unreachable: spooled
+    assert len(tracker.spool) == 5 and tracker.spool.path.exists()
+    server.start()
+    time.sleep(0.3)  # past retry_every_s: the next step replays the spool first
+    log(range(10, 15))
+    assert len(tracker.spool) == 0
+    server.kill()
+    log(range(15, 20))
+    assert len(tracker.spool) == 5
+    # The server returns while finish() is retrying: the spool is replayed at finish.
+    restart = threading.Timer(1.0, server.start)
+    restart.start()
+    tracker.finish("FINISHED")
+    restart.join()
+    assert not tracker.spool.path.exists()
+
+    client = MlflowClient(server.url)
+    run = client.get_run(tracker.run_id)
+    assert run.info.status == "FINISHED"
+    assert set(run.data.metrics) == {mlflow_key(k) for k in metrics}
+    for key in run.data.metrics:
+        steps = [m.step for m in client.get_metric_history(tracker.run_id, key)]
+        assert sorted(steps) == list(range(20)), key

@@ -1,0 +1,152 @@
+"""``slca-exp train`` end to end with the synthetic engine: what lands in MLflow, W&B, Hydra's
+folders, and how a failed or killed run is closed."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from mlflow import MlflowClient
+
+from slca_exp import train
+from slca_exp.config.compose import compose_run
+from slca_exp.registry import Registry
+from slca_exp.tracking.mlflow import mlflow_key
+from tests.tracking.synthetic import SyntheticEngine, step_metrics
+
+DRIVER = Path(__file__).with_name("run_train.py")
+WANDB = shutil.which("wandb") or str(Path(sys.executable).parent / "wandb")
+ENV_SECRET = "env-secret-7c1d9e2b4a"
+URL_SECRET = "url-secret-5b3f8a1e"
+
+
+def launch(tmp_path, *overrides, env=None):
+    full = {**os.environ, "SYNTH_STEPS": "4", **(env or {})}
+    for var in ("SLCA_EXP_ROOT", "SLCA_EXP_PARENT_RUN_ID", "SLCA_EXP_SWEEP_ID", "RANK"):
+        full.pop(var, None)
+    return subprocess.Popen(
+        [sys.executable, str(DRIVER), "train", *overrides],
+        cwd=tmp_path,
+        env=full,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def runs_of(tmp_path):
+    client = MlflowClient(f"sqlite:///{tmp_path / 'outputs' / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("slca-exp")
+    return client, client.search_runs([exp.experiment_id])
+
+
+def test_a_run_records_the_recipe_and_metrics_and_no_secret(tmp_path):
+    proc = launch(
+        tmp_path,
+        "tracking=mlflow_wandb",
+        "judge.api_key_env=JUDGE_API_KEY",
+        f"judge.base_url=http://slca:{URL_SECRET}@127.0.0.1:9/v1",
+        # A config value that resolves to the secret itself.
+        "judge.name=${oc.env:JUDGE_API_KEY}",
+        env={"JUDGE_API_KEY": ENV_SECRET},
+    )
+    out, err = proc.communicate(timeout=180)
+    assert proc.returncode == 0, err
+
+    # MLflow: one finished run with every slca.* tag, recipe.json and every step of every metric.
+    client, (run,) = runs_of(tmp_path)
+    assert run.info.status == "FINISHED"
+    tags = {k: v for k, v in run.data.tags.items() if k.startswith("slca.")}
+    assert set(tags) == {
+        f"slca.{k}"
+        for k in (
+            "backbone",
+            "reward",
+            "judge",
+            "simulator",
+            "data",
+            "estimator",
+            "fingerprint",
+            "sweep",
+        )
+    }
+    assert tags["slca.judge"].startswith("rubric")
+    expected = set(step_metrics(0)[0])
+    assert set(run.data.metrics) == {mlflow_key(k) for k in expected}
+    for key in run.data.metrics:
+        steps = [m.step for m in client.get_metric_history(run.info.run_id, key)]
+        assert sorted(steps) == [0, 1, 2, 3]
+    recipe = json.loads(
+        Path(client.download_artifacts(run.info.run_id, "recipe.json", str(tmp_path))).read_text()
+    )
+    assert recipe["fingerprint"][:12] == tags["slca.fingerprint"]
+    assert run.data.params["judge.base_url"] == "http://<redacted>@127.0.0.1:9/v1"
+    assert run.data.params["judge.name"] == recipe["judge"]["name"] == "<redacted>"
+
+    # W&B offline run, read back with wandb's own reader.
+    (run_dir,) = (tmp_path / "outputs" / "wandb").glob("offline-run-*")
+    inspected = subprocess.run(
+        [WANDB, "leet", "inspect", "--json", str(run_dir)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
+    records = [json.loads(line) for line in inspected.splitlines() if line.strip()]
+    history = [r["history"]["item"] for r in records if r["type"] == "history"]
+    assert len(history) == 4
+    assert {k for item in history for k in item if not k.startswith("_")} == expected
+    config = next(r["run"]["config"]["update"] for r in records if r["type"] == "run")
+    assert config["fingerprint"] == recipe["fingerprint"]
+    assert config["reward"] == recipe["reward"] and config["data"] == recipe["data"]
+
+    # No secret anywhere: MLflow store and artifacts, W&B files, Hydra folders, output.
+    files = [p for p in tmp_path.rglob("*") if p.is_file()]
+    assert any(p.name == "overrides.yaml" for p in files)  # Hydra's folder is among them
+    assert any(p.name == "debug.log" for p in files)  # and W&B's logs
+    for secret in (ENV_SECRET, URL_SECRET):
+        assert secret not in out + err + inspected
+        leaks = [p for p in files if secret.encode() in p.read_bytes()]
+        assert leaks == [], f"{secret} found in {leaks}"
+
+
+def test_sigterm_closes_the_run_killed(tmp_path):
+    proc = launch(tmp_path, "tracking=mlflow", env={"SYNTH_STEPS": "1000", "SYNTH_SLEEP_S": "0.1"})
+    deadline = time.monotonic() + 120
+    for line in proc.stdout:
+        if line.startswith("step 2 logged") or time.monotonic() > deadline:
+            break
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, err
+    assert "KILLED" in err and "Traceback" not in err
+    client, (run,) = runs_of(tmp_path)
+    assert run.info.status == "KILLED"
+    steps = [m.step for m in client.get_metric_history(run.info.run_id, "adv/tool/mean")]
+    assert steps[:3] == [0, 1, 2] and len(steps) == len(set(steps))
+
+
+def test_an_engine_that_raises_leaves_a_failed_run(tmp_path, monkeypatch):
+    engines = Registry("engine")
+    engines.register("local", SyntheticEngine())
+    monkeypatch.setattr(train, "ENGINES", engines)
+    monkeypatch.setenv("SYNTH_FAIL_AT", "2")
+    cfg = compose_run([f"tracking.root={tmp_path / 'outputs'}", "tracking.plots=false"])
+    with pytest.raises(RuntimeError, match="synthetic failure at step 2"):
+        train.run(cfg)
+    client, (run,) = runs_of(tmp_path)
+    assert run.info.status == "FAILED"
+    steps = [m.step for m in client.get_metric_history(run.info.run_id, "adv/tool/mean")]
+    assert steps == [0, 1]
+
+
+def test_no_engine_creates_nothing(tmp_path):
+    exe = shutil.which("slca-exp") or str(Path(sys.executable).parent / "slca-exp")
+    res = subprocess.run([exe, "train"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2 and "unknown engine 'local'" in res.stderr
+    assert list(tmp_path.iterdir()) == []
