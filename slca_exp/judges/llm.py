@@ -24,7 +24,7 @@ from slca_exp.judges.base import (
 )
 from slca_exp.rewards.toolcalls import strip_think
 from slca_exp.services.cache import open_cache
-from slca_exp.services.cached import Answer, CachedChat
+from slca_exp.services.cached import Answer, CachedChat, served_fields, user_request
 from slca_exp.services.client import ChatClient, ChatRequest
 from slca_exp.services.prompts import PromptTemplate
 
@@ -116,27 +116,13 @@ class OpenAIJudge(JudgeBase):
             tool_responses=render_tool_responses(view.tool_responses),
             reply=view.reply,
         )
-        return ChatRequest(
-            ({"role": "user", "content": prompt},),
-            float(self.cfg.temperature),
-            int(self.cfg.max_tokens),
-        )
+        return user_request(prompt, self.cfg)
 
     @classmethod
     def describe_config(cls, cfg: Any) -> dict[str, Any]:  # noqa: ANN401
         """Backend, model, prompt version and sha256, decoding and short-circuit settings."""
         template = PromptTemplate.load(cfg.prompt or DEFAULT_PROMPT, "judge")
-        return {
-            "backend": "openai",
-            "name": cfg.name,
-            "model": cfg.model,
-            "prompt": template.path.name,
-            "prompt_version": cfg.prompt_version or template.path.stem,
-            "prompt_sha256": template.sha256,
-            "temperature": float(cfg.temperature),
-            "max_tokens": int(cfg.max_tokens),
-            **short_circuit_fields(cfg),
-        }
+        return served_fields("openai", cfg, template) | short_circuit_fields(cfg)
 
     def close(self) -> None:
         """Close the HTTP client and the cache (idempotent)."""

@@ -10,9 +10,36 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from slca_exp.services.cache import ServiceCache, canonical_json
 from slca_exp.services.client import ChatClient, ChatRequest, Completion
+from slca_exp.services.prompts import PromptTemplate
+
+
+def user_request(prompt: str, cfg: Any) -> ChatRequest:  # noqa: ANN401 - a ServiceConfig
+    """One chat request holding ``prompt`` as its single user message, decoded as ``cfg`` says."""
+    return ChatRequest(
+        ({"role": "user", "content": prompt},), float(cfg.temperature), int(cfg.max_tokens)
+    )
+
+
+def served_fields(backend: str, cfg: Any, template: PromptTemplate) -> dict[str, Any]:  # noqa: ANN401
+    """The recipe fields of a served model: backend, model, prompt version and sha256, decoding.
+
+    The endpoint (``base_url``) is left out on purpose: the same weights served elsewhere are the
+    same component.
+    """
+    return {
+        "backend": backend,
+        "name": cfg.name,
+        "model": cfg.model,
+        "prompt": template.path.name,
+        "prompt_version": cfg.prompt_version or template.path.stem,
+        "prompt_sha256": template.sha256,
+        "temperature": float(cfg.temperature),
+        "max_tokens": int(cfg.max_tokens),
+    }
 
 
 @dataclass(frozen=True)

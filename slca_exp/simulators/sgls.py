@@ -18,7 +18,7 @@ from typing import Any
 
 from slca_exp.rewards.toolcalls import strip_think
 from slca_exp.services.cache import canonical_json, open_cache
-from slca_exp.services.cached import Answer, CachedChat
+from slca_exp.services.cached import Answer, CachedChat, served_fields, user_request
 from slca_exp.services.client import ChatClient, ChatRequest
 from slca_exp.services.prompts import PromptTemplate
 from slca_exp.simulators.base import (
@@ -113,27 +113,13 @@ class SGLSSimulator(SimulatorBase):
             examples="\n\n".join(shown) or "(none)",
             call=canonical_json({"name": call.name, "arguments": call.arguments}),
         )
-        return ChatRequest(
-            ({"role": "user", "content": prompt},),
-            float(self.cfg.temperature),
-            int(self.cfg.max_tokens),
-        )
+        return user_request(prompt, self.cfg)
 
     @classmethod
     def describe_config(cls, cfg: Any) -> dict[str, Any]:  # noqa: ANN401
         """Backend, model, prompt version and sha256, decoding and schema-check settings."""
         template = PromptTemplate.load(cfg.prompt or DEFAULT_PROMPT, "simulator")
-        return {
-            "backend": "sgls",
-            "name": cfg.name,
-            "model": cfg.model,
-            "prompt": template.path.name,
-            "prompt_version": cfg.prompt_version or template.path.stem,
-            "prompt_sha256": template.sha256,
-            "temperature": float(cfg.temperature),
-            "max_tokens": int(cfg.max_tokens),
-            **check_fields(cfg),
-        }
+        return served_fields("sgls", cfg, template) | check_fields(cfg)
 
     def close(self) -> None:
         """Close the HTTP client and the cache (idempotent)."""
