@@ -19,9 +19,9 @@ $(STAMP): pyproject.toml | $(PY)
 	$(PY) -m pip install -e '.[dev,verl]'
 	touch $(STAMP)
 
-# Until the local engine lands, the demo prints the composed default recipe.
+# The default experiment (experiment=smoke): SFT then SLCA-GRPO on a synthetic split, on CPU.
 demo: install
-	$(VENV)/bin/slca-exp train --cfg job
+	$(VENV)/bin/slca-exp train
 
 lint: install
 	$(VENV)/bin/ruff check .
@@ -33,6 +33,7 @@ bench: install
 	$(PY) benchmarks/estimators.py
 	$(PY) benchmarks/rewards.py
 	$(PY) benchmarks/tracking.py
+	$(PY) benchmarks/engine.py
 
 clean:
 	rm -rf $(VENV) outputs multirun test-artifacts .pytest_cache .ruff_cache .hypothesis

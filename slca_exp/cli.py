@@ -4,6 +4,7 @@
     slca-exp validate [HYDRA FLAGS] [OVERRIDES]  compose and validate, report every problem
     slca-exp compare EXPERIMENT_OR_SWEEP [--metric M ...] [--strict] [--tracking-uri URI]
                      [--out DIR] [--ui-url URL]  table, plots and MLflow compare link of a sweep
+    slca-exp data synth --out DIR [--rows N] [--seed S]  write the seeded synthetic split
 
 train and validate accept Hydra's own flags (``--config-dir``, ``--config-name``, ``-m``,
 ``--cfg``) and overrides. A bad recipe exits with status 2 and one message listing every problem,
@@ -46,6 +47,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from slca_exp.compare import main as compare
 
         return compare(rest)
+    if command == "data":
+        from slca_exp.data.cli import main as data
+
+        return data(rest)
     print(f"slca-exp: unknown command {command!r}\nusage:\n{USAGE}", file=sys.stderr)
     return EXIT_BAD_CONFIG
 

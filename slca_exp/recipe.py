@@ -224,6 +224,27 @@ def _backbone(config: RunConfig, problems: list[Problem]) -> dict[str, Any]:
                     "give the path of a jinja template file, or null for the tokenizer's own",
                 )
             )
+    elif b.source == "builtin":
+        from slca_exp.backbones.chat import TEMPLATE_SHA256
+
+        out["chat_template"] = {"path": "builtin", "sha256": TEMPLATE_SHA256}
+    hub = b.source == "hf" and b.path and (Path(b.path).is_dir() or _HUB_ID.fullmatch(b.path))
+    if hub and config.engine.name == "local":
+        # The local engine loads weights from this machine only: refuse before anything starts.
+        # (A verl run loads them on the cluster's nodes, whose caches this host cannot see.)
+        from slca_exp.backbones.hf import folder_template_sha256, missing, resolve_local
+
+        folder = resolve_local(b.path, b.revision)
+        if folder is None:
+            problems.append(Problem("backbone.path", *missing(b.source, b.path, b.revision)))
+        elif not b.chat_template:
+            sha = folder_template_sha256(folder)
+            out["chat_template"] = {"path": "tokenizer", "sha256": sha} if sha else None
+    elif b.source == "local" and b.path and not b.chat_template and Path(b.path).is_dir():
+        from slca_exp.backbones.hf import folder_template_sha256
+
+        sha = folder_template_sha256(Path(b.path))
+        out["chat_template"] = {"path": "tokenizer", "sha256": sha} if sha else None
     return out
 
 
@@ -269,43 +290,31 @@ def _service(group: str, svc: ServiceConfig, problems: list[Problem]) -> dict[st
 
 
 def _data(config: RunConfig, problems: list[Problem]) -> dict[str, Any]:
+    """Each split's path, sha256 and row count; every row is checked (``data/rows.py``).
+
+    A synthetic split is generated first when its folder lacks it (deterministic, well under a
+    second for hundreds of rows), except when another component already failed: a refused
+    recipe creates nothing. Files of ``data.kind=files`` are checked in any case, so that every
+    problem is reported at once.
+    """
+    # Imported here: data.splits imports this module (sha256_file).
+    from slca_exp.data.splits import DataError, recorded_files
+    from slca_exp.data.synthetic import split_sizes
+
     d = config.data
     out: dict[str, Any] = {"name": d.name, "kind": d.kind, "seed": d.seed, "files": {}}
     if d.kind == "synthetic":
-        # Generated on this machine from (rows, seed): those two determine the split.
-        out["rows"] = d.rows
-        return out
-    base = Path(d.dir) if d.dir else Path.cwd()
-    for role, name in _plain(d.files).items():
-        if not name:
-            continue
-        key = f"data.files.{role}"
-        path = (base / name).resolve()
-        if not path.is_file():
-            where = f" (relative to data.dir={d.dir})" if d.dir else ""
-            problems.append(
-                Problem(key, f"file {str(path)!r} does not exist{where}", f"fix {key} or data.dir")
-            )
-            continue
-        rows = _parquet_rows(path)
-        if rows is None:
-            problems.append(
-                Problem(key, f"{str(path)!r} is not a parquet file", f"give {key} a .parquet file")
-            )
-            continue
-        out["files"][role] = {"path": str(path), "sha256": sha256_file(path), "rows": rows}
-    return out
+        from slca_exp.data.domain import DOMAIN_VERSION
 
-
-def _parquet_rows(path: Path) -> int | None:
-    """Row count from the parquet footer (the data is not read); None if not parquet."""
-    import pyarrow.parquet as pq
-    from pyarrow import ArrowException
-
+        # (rows, seed) and the generator version determine the split; the hashes prove it.
+        out.update(rows=d.rows, sizes=split_sizes(d.rows), generator=DOMAIN_VERSION)
+    if problems and d.kind == "synthetic":
+        return out  # generating would create files for a recipe that is refused anyway
     try:
-        return int(pq.read_metadata(path).num_rows)
-    except (ArrowException, OSError):
-        return None
+        out["files"] = recorded_files(config)
+    except DataError as err:
+        problems.extend(err.problems)
+    return out
 
 
 # --- tags and helpers --------------------------------------------------------------------------

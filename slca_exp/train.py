@@ -55,10 +55,32 @@ def run(cfg: DictConfig) -> object:
     redactor = Redactor.for_config(config)
     install_log_redaction(redactor)
     redact_hydra_output(redactor, *_hydra_output_dirs())
-    tracker = build_tracker(config, recipe, redactor)
+    # An engine that checkpoints knows whether this exact job was interrupted before; its
+    # tracker runs then continue (same MLflow run, next step).
+    resume_ids = getattr(engine, "resume_ids", None)
+    resume = resume_ids(config) if callable(resume_ids) else None
+    tracker = build_tracker(config, recipe, redactor, resume=resume)
     params = OmegaConf.to_container(cfg, resolve=True)
     with tracked_run(tracker, recipe, params):
-        return engine.run(config, recipe, tracker)
+        result = engine.run(config, recipe, tracker)
+    _where_to_look(config, tracker)
+    return result
+
+
+def _where_to_look(config: RunConfig, tracker: object) -> None:
+    """Say where the run was recorded and how to open it."""
+    ids = getattr(tracker, "run_ids", lambda: {})()
+    if "mlflow" not in ids:
+        return
+    from slca_exp.tracking.mlflow import store_uri
+
+    uri = store_uri(config.tracking)
+    print(f"slca-exp: MLflow run {ids['mlflow']} in {uri}", file=sys.stderr)
+    if uri.startswith("sqlite:"):
+        print(
+            f"slca-exp: open it with: mlflow ui --backend-store-uri {uri} --port 5000",
+            file=sys.stderr,
+        )
 
 
 def check_jobs(
@@ -95,12 +117,6 @@ def main(cfg: DictConfig) -> object:
 
 def _report(err: ConfigError | RegistryError) -> None:
     print(f"slca-exp: {err}", file=sys.stderr)
-    if isinstance(err, RegistryError):
-        print(
-            "slca-exp: this version has no engine installed yet; "
-            "`slca-exp train --cfg job` prints the composed recipe.",
-            file=sys.stderr,
-        )
 
 
 def _hydra_output_dirs() -> tuple[str | None, ...]:

@@ -13,6 +13,7 @@ import pytest
 
 from slca_exp.config.compose import compose_run
 from slca_exp.config.validate import ConfigError, validate
+from slca_exp.data.synthetic import RL_SCHEMA, build_rows
 from slca_exp.recipe import COMPONENTS, build_recipe, sha256_file
 
 EXE = shutil.which("slca-exp") or str(Path(sys.executable).parent / "slca-exp")
@@ -32,8 +33,10 @@ def recipe_of(*overrides):
     return build_recipe(validate(compose_run(list(overrides))))
 
 
-def write_parquet(path, rows):
-    pq.write_table(pa.table({"prompt": [f"q{i}" for i in range(rows)]}), path)
+def write_parquet(path, rows, split="train"):
+    """``rows`` valid RL rows (the recipe checks every row of a split it records)."""
+    table = pa.Table.from_pylist(build_rows(rows, split, seed=0), schema=RL_SCHEMA)
+    pq.write_table(table, path)
     return path
 
 
@@ -81,9 +84,9 @@ def test_normalised_reward_records_the_rescaled_weights():
     assert recipe.reward["normalized"] is True
 
 
-def test_data_files_are_hashed_and_counted_from_the_footer(tmp_path):
+def test_data_files_are_hashed_counted_and_checked(tmp_path):
     train = write_parquet(tmp_path / "train.parquet", 7)
-    write_parquet(tmp_path / "val.parquet", 3)
+    write_parquet(tmp_path / "val.parquet", 3, "val")
     recipe = recipe_of(
         "data.kind=files",
         f"data.dir={tmp_path}",

@@ -27,10 +27,12 @@ class TinyArchConfig:
 
     num_layers: int = param(2, "transformer blocks", gt=0)
     hidden_size: int = param(64, "model width", gt=0)
-    num_heads: int = param(4, "attention heads; must divide hidden_size", gt=0)
+    num_heads: int = param(4, "attention heads; hidden_size / num_heads must be even", gt=0)
     intermediate_size: int = param(128, "MLP width", gt=0)
-    vocab_size: int = param(1024, "tokenizer vocabulary size (trained on the split)", gt=0)
-    max_position_embeddings: int = param(2048, "longest sequence the model accepts", gt=0)
+    vocab_size: int = param(
+        1024, "most tokens of the BPE tokenizer trained on the split (at least 265)", gt=0
+    )
+    max_position_embeddings: int = param(1024, "longest sequence the model accepts", gt=0)
 
 
 @dataclass
@@ -46,7 +48,9 @@ class BackboneConfig:
     path: str | None = param(None, "hub id or local folder of the weights (source hf/local)")
     revision: str | None = param(None, "pinned hub revision (commit) of the weights")
     dtype: str = param("float32", "parameter dtype", choices=DTYPES)
-    chat_template: str | None = param(None, "jinja chat-template file; default: the tokenizer's")
+    chat_template: str | None = param(
+        None, "jinja chat-template file (hermes / ChatML layout); default: the tokenizer's"
+    )
     arch: TinyArchConfig | None = param(None, "architecture when source=builtin")
 
 
@@ -165,10 +169,19 @@ class DataConfig:
         "synthetic (generated here) | files (user parquet files)",
         choices=("synthetic", "files"),
     )
-    dir: str | None = param(None, "folder holding the files (synthetic: where to write them)")
-    files: DataFiles = param(default_factory=DataFiles, help="split files")
-    rows: int = param(256, "rows to generate (synthetic)", gt=0)
+    dir: str | None = param(
+        None,
+        "folder of the files; synthetic: where they are written "
+        "(null: <tracking.root>/data/synthetic/rows=<rows>-seed=<seed>)",
+    )
+    files: DataFiles = param(default_factory=DataFiles, help="split files (kind files only)")
+    rows: int = param(
+        256, "synthetic: RL train rows; sft gets as many, val max(16, rows // 4)", gt=0
+    )
     seed: int = param(42, "data generation / shuffling seed")
+    instructions: str | None = param(
+        None, "how to obtain the files (kind files): shown when data.dir or a file is missing"
+    )
 
 
 @dataclass
@@ -191,11 +204,57 @@ class AlgorithmConfig:
 
 
 @dataclass
+class SFTConfig:
+    """Supervised warm-start on the gold trajectories of the SFT split (stage 1)."""
+
+    enabled: bool = param(True, "run the SFT stage (reused across runs of the same recipe)")
+    steps: int = param(200, "optimizer steps", ge=0)
+    batch_size: int = param(16, "trajectories per step", gt=0)
+    lr: float = param(3e-3, "AdamW learning rate", gt=0, finite=True)
+    max_len: int = param(512, "tokens per trajectory (longer ones are cut)", gt=0)
+
+
+@dataclass
+class RolloutConfig:
+    """Multi-turn rollouts: assistant turn, simulated tool responses (mask 0), ..., summary."""
+
+    prompts_per_step: int = param(4, "prompts per RL step (each sampled group_size times)", gt=0)
+    max_turns: int = param(3, "assistant turns that may call tools before the last one", ge=0)
+    max_turn_tokens: int = param(96, "tokens one assistant turn may generate", ge=16)
+    max_response_tokens: int = param(384, "response budget: generated + injected tokens", gt=0)
+    temperature: float = param(1.0, "sampling temperature", gt=0, finite=True)
+
+
+@dataclass
+class RLConfig:
+    """The RL stage (stage 2): rollouts, HierR rewards, the estimator, a clipped PG update."""
+
+    enabled: bool = param(True, "run the RL stage")
+    steps: int = param(20, "RL steps (one batch of rollouts each)", ge=0)
+    lr: float = param(1e-4, "AdamW learning rate", gt=0, finite=True)
+    epochs: int = param(1, "passes over each batch of rollouts", gt=0)
+    minibatches: int = param(1, "updates per pass", gt=0)
+    clip_ratio: float = param(0.2, "PPO clip range of the importance ratio", gt=0, finite=True)
+    kl_coef: float = param(0.0, "weight of the low-variance KL to the frozen reference", ge=0)
+    grad_clip: float = param(1.0, "max gradient norm", gt=0, finite=True)
+    grad_cos: bool = param(
+        False, "diagnostic: cos(grad_tool, grad_summary) from two masked backward passes"
+    )
+
+
+@dataclass
 class EngineConfig:
     """Where and how the run executes."""
 
-    name: str = param("local", "local (CPU / one GPU) | verl (cluster)", choices=("local", "verl"))
+    name: str = param("local", "registered engine: local (CPU / one GPU) | verl (cluster)")
     device: str = param("auto", "auto | cpu | cuda", choices=("auto", "cpu", "cuda"))
+    sft: SFTConfig = param(default_factory=SFTConfig, help="SFT stage")
+    rl: RLConfig = param(default_factory=RLConfig, help="RL stage")
+    rollout: RolloutConfig = param(default_factory=RolloutConfig, help="multi-turn rollouts")
+    val_every: int = param(10, "validate every N RL steps (0: only before and after RL)", ge=0)
+    val_rows: int = param(32, "validation prompts (greedy, one sample each)", gt=0)
+    checkpoint_every: int = param(10, "checkpoint every N RL steps (and on SIGTERM)", gt=0)
+    progress: bool = param(True, "progress bar with live reward and advantage stats")
 
 
 @dataclass

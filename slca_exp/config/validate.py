@@ -249,14 +249,8 @@ def _check_service(group: str) -> Any:  # noqa: ANN401
 
 
 def _check_backbone(backbone: DictConfig) -> list[Problem]:
-    if backbone.source == "builtin" and backbone.arch is None:
-        return [
-            Problem(
-                "backbone.arch",
-                "backbone.source=builtin builds a model from scratch and needs its architecture",
-                "set backbone.arch (see conf/backbone/tiny.yaml) or use backbone=tiny",
-            )
-        ]
+    from slca_exp.backbones.tiny import MIN_VOCAB
+
     if backbone.source in ("hf", "local") and not backbone.path:
         return [
             Problem(
@@ -265,11 +259,52 @@ def _check_backbone(backbone: DictConfig) -> list[Problem]:
                 "set backbone.path=<hub id or folder>",
             )
         ]
-    return []
+    if backbone.source != "builtin":
+        return []
+    arch = backbone.arch
+    if arch is None:
+        return [
+            Problem(
+                "backbone.arch",
+                "backbone.source=builtin builds a model from scratch and needs its architecture",
+                "set backbone.arch (see conf/backbone/tiny.yaml) or use backbone=tiny",
+            )
+        ]
+    problems = []
+    if arch.hidden_size % arch.num_heads or (arch.hidden_size // arch.num_heads) % 2:
+        problems.append(
+            Problem(
+                "backbone.arch.num_heads",
+                f"hidden_size={arch.hidden_size} / num_heads={arch.num_heads} is not an even "
+                "whole head size (rotary embeddings rotate pairs of channels)",
+                "pick num_heads so that hidden_size / num_heads is even, e.g. 64 / 4",
+            )
+        )
+    if arch.vocab_size < MIN_VOCAB:
+        problems.append(
+            Problem(
+                "backbone.arch.vocab_size",
+                f"{arch.vocab_size} cannot hold the 3 special tokens, 256 byte symbols and 6 tags",
+                f"set backbone.arch.vocab_size to at least {MIN_VOCAB} (tiny.yaml uses 1024)",
+            )
+        )
+    return problems
 
 
 def _check_data(data: DictConfig) -> list[Problem]:
-    if data.kind == "files" and not (data.files.train and data.files.val):
+    roles = ("sft", "train", "val")
+    if data.kind == "synthetic":
+        # The generator names its files itself (sft/train/val.parquet, a contract with engines).
+        return [
+            Problem(
+                f"data.files.{role}",
+                "data.kind=synthetic writes sft.parquet, train.parquet and val.parquet itself",
+                f"remove data.files.{role}, or set data.kind=files to read your own files",
+            )
+            for role in roles
+            if data.files[role]
+        ]
+    if not (data.files.train and data.files.val):
         return [
             Problem(
                 "data.files",
@@ -338,6 +373,41 @@ def _check_tracking(tracking: DictConfig) -> list[Problem]:
     return problems
 
 
+def _check_engine(engine: DictConfig) -> list[Problem]:
+    from slca_exp.engines import ENGINES
+
+    if engine.name not in ENGINES:
+        return [
+            Problem(
+                "engine.name",
+                ENGINES.unknown_message(engine.name),
+                "pick an installed engine, e.g. engine=local (plugins add theirs through "
+                "SLCA_EXP_PLUGINS)",
+            )
+        ]
+    rollout = engine.rollout
+    if rollout.max_response_tokens < rollout.max_turn_tokens:
+        return [
+            Problem(
+                "engine.rollout.max_response_tokens",
+                f"{rollout.max_response_tokens} tokens cannot hold even one assistant turn "
+                f"(engine.rollout.max_turn_tokens={rollout.max_turn_tokens})",
+                "raise engine.rollout.max_response_tokens to at least "
+                "engine.rollout.max_turn_tokens (a tool call, its response and a reply need "
+                "about three turns' worth)",
+            )
+        ]
+    if not (engine.sft.enabled or engine.rl.enabled):
+        return [
+            Problem(
+                "engine.rl.enabled",
+                "both stages are off (engine.sft.enabled=false, engine.rl.enabled=false)",
+                "enable at least one stage",
+            )
+        ]
+    return []
+
+
 _CROSS_CHECKS = {
     "backbone": _check_backbone,
     "reward": _check_reward,
@@ -345,5 +415,6 @@ _CROSS_CHECKS = {
     "simulator": _check_service("simulator"),
     "data": _check_data,
     "algorithm": _check_algorithm,
+    "engine": _check_engine,
     "tracking": _check_tracking,
 }

@@ -25,9 +25,9 @@ from slca_exp.rewards.match import loose_equal
 from slca_exp.rewards.types import ToolCall
 from slca_exp.services.cache import cache_key, canonical_json
 from slca_exp.simulators.base import SimRequest, SimulatorBase, ToolResponse, check_fields
-from slca_exp.simulators.schema import check_call, error_content, function_of
+from slca_exp.simulators.schema import check_call, error_content
 
-REPLAY_VERSION = "replay-v1"
+REPLAY_VERSION = "replay-v2"
 
 _NOUNS = ("record", "entry", "result", "item", "match")
 _STATES = ("active", "available", "confirmed", "pending", "updated")
@@ -42,7 +42,7 @@ def arguments_match(given: Any, recorded: Any) -> bool:  # noqa: ANN401
     )
 
 
-def derived_response(call: ToolCall, schema: dict[str, Any] | None = None) -> str:
+def derived_response(call: ToolCall) -> str:
     """The deterministic JSON response for a call with no recorded answer.
 
     >>> a = derived_response(ToolCall("lookup", {"id": 7}))
@@ -56,31 +56,17 @@ def derived_response(call: ToolCall, schema: dict[str, Any] | None = None) -> st
         seed = canonical_json([call.name, "unserialisable arguments"])
     digest = hashlib.sha256(seed.encode("utf-8", "surrogatepass")).digest()
     draw = _Draws(digest)
+    # Short on purpose: a small policy reads it back within its response budget.
     noun = _NOUNS[draw.below(len(_NOUNS))]
-    fn = function_of(schema) or {}
-    description = fn.get("description") if isinstance(fn.get("description"), str) else ""
-    items = [
-        {
-            "id": f"{noun[:3]}-{draw.hex(6)}",
-            "name": f"{call.name} {noun} {i + 1}",
-            "value": round(draw.unit() * 1000, 2),
-            "status": _STATES[draw.below(len(_STATES))],
-        }
-        for i in range(1 + draw.below(3))
-    ]
     result = {
         "tool": call.name,
         "status": "success",
-        "request": _json_safe(call.arguments),
         "result": {
-            "count": len(items),
-            "items": items,
-            "score": round(draw.unit() * 100, 1),
-            "updated": f"2024-{1 + draw.below(12):02d}-{1 + draw.below(28):02d}",
+            "id": f"{noun[:3]}-{draw.hex(6)}",
+            "value": round(draw.unit() * 1000, 2),
+            "state": _STATES[draw.below(len(_STATES))],
         },
     }
-    if description:
-        result["note"] = f"simulated response of: {description[:120]}"
     return json.dumps(result, ensure_ascii=False, sort_keys=True)
 
 
@@ -113,7 +99,7 @@ class ReplaySimulator(SimulatorBase):
             )
             if errors:
                 return ToolResponse(error_content(call, errors), "schema_error", "; ".join(errors))
-        return ToolResponse(derived_response(call, request.schema), "ok", "derived")
+        return ToolResponse(derived_response(call), "ok", "derived")
 
     @classmethod
     def describe_config(cls, cfg: Any) -> dict[str, Any]:  # noqa: ANN401

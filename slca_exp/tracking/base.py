@@ -96,6 +96,15 @@ class MultiTracker:
                 self.finished = "FAILED"
                 raise
 
+    def run_ids(self) -> dict[str, str]:
+        """Backend name -> id of the run it logs to, for backends that have one (to resume)."""
+        ids = {}
+        for tracker in self.trackers:
+            run_id = getattr(tracker, "run_id", None)
+            if run_id:
+                ids[getattr(tracker, "backend", type(tracker).__name__)] = run_id
+        return ids
+
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
         """Send one step to every backend (and keep it for the end-of-run plots)."""
         values = {k: float(v) for k, v in metrics.items()}

@@ -15,7 +15,12 @@ _MAX_RUN_NAME = 200
 
 
 def build_tracker(
-    config: RunConfig, recipe: Recipe, redactor: Redactor, *, rank: int | None = None
+    config: RunConfig,
+    recipe: Recipe,
+    redactor: Redactor,
+    *,
+    rank: int | None = None,
+    resume: dict[str, str] | None = None,
 ) -> MultiTracker:
     """The tracker of a run: every backend of ``tracking.backends``, or none off rank 0.
 
@@ -24,6 +29,7 @@ def build_tracker(
         recipe: its recipe (names the run when ``run_name`` is not set).
         redactor: applied by every backend to what it writes.
         rank: the global rank (default: read from the launcher's environment).
+        resume: backend -> run id of an interrupted run of this job, to continue it.
 
     """
     rank = global_rank() if rank is None else rank
@@ -36,7 +42,8 @@ def build_tracker(
         if backend == "mlflow":
             from slca_exp.tracking.mlflow import MlflowTracker
 
-            backends.append(MlflowTracker(tracking, name, redactor))
+            resume_id = (resume or {}).get("mlflow")
+            backends.append(MlflowTracker(tracking, name, redactor, resume_run_id=resume_id))
         elif backend == "wandb":
             from slca_exp.tracking.wandb import WandbTracker
 

@@ -121,8 +121,12 @@ class MlflowTracker:
         run_name: the run's name.
         redactor: applied to params, tags and artifacts.
         parent_run_id: create the run as this run's child (default ``$SLCA_EXP_PARENT_RUN_ID``).
+        resume_run_id: continue this existing run instead of creating one (a resumed job: its
+            params and artifacts are already there; metrics continue at the next step).
 
     """
+
+    backend = "mlflow"
 
     def __init__(
         self,
@@ -130,7 +134,9 @@ class MlflowTracker:
         run_name: str,
         redactor: Redactor,
         parent_run_id: str | None = None,
+        resume_run_id: str | None = None,
     ) -> None:
+        self.resume_run_id = resume_run_id
         self.cfg = tracking
         self.run_name = run_name
         self.redactor = redactor
@@ -154,6 +160,8 @@ class MlflowTracker:
         if local:
             self.root.mkdir(parents=True, exist_ok=True)
         self.client = MlflowClient(tracking_uri=self.uri)
+        if self.resume_run_id and self._resume(self.resume_run_id):
+            return
         try:
             experiment_id = get_or_create_experiment(
                 self.client, recipe.experiment_name, self.root if local else None
@@ -175,6 +183,23 @@ class MlflowTracker:
             self.client.log_batch(self.run_id, params=items[i : i + MAX_PARAMS_PER_BATCH])
         self._log_text(json.dumps(self.redactor.mapping(recipe.to_dict()), indent=2), "recipe.json")
         self._log_text(_to_yaml(self.redactor.mapping(params)), "config.yaml")
+
+    def _resume(self, run_id: str) -> bool:
+        """Reopen ``run_id`` (set it RUNNING again); ``False`` when the store does not have it."""
+        from mlflow.exceptions import MlflowException
+
+        assert self.client is not None
+        try:
+            self.client.get_run(run_id)
+            self.client.update_run(run_id, status="RUNNING")
+            self.client.set_tag(run_id, "slca.resumed", "true")
+        except MlflowException:
+            print(f"slca-exp: MLflow run {run_id} to resume is gone; starting a new run")
+            return False
+        self.run_id = run_id
+        self.spool = Spool(self.root / "spool" / f"{self.run_id}.jsonl")
+        print(f"slca-exp: resuming MLflow run {run_id}")
+        return True
 
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
         """Send one step as one batch; spool it if the server does not answer."""

@@ -16,6 +16,13 @@ Segment = Literal["tool", "summary"]
 SEGMENTS: Final[tuple[Segment, ...]] = ("tool", "summary")
 ADV_STATS: Final[tuple[str, ...]] = ("mean", "std", "abs_mean", "min", "max")
 TOOL_COMPONENTS: Final[tuple[str, ...]] = ("format", "name", "key", "value", "parallel")
+PHASES: Final[tuple[str, ...]] = ("generate", "simulate", "reward", "advantage", "update")
+
+PERF_STEP_S: Final = "perf/step_s"
+PERF_TOKENS_PER_S: Final = "perf/tokens_per_s"
+TRAIN_GRAD_COS: Final = "train/grad_cos"
+SFT_LOSS: Final = "sft/loss"
+VAL_SUCCESS: Final = "val/success@0.9"
 
 
 def adv(segment: Segment, stat: str) -> str:
@@ -41,6 +48,12 @@ def tokens_mean(segment: Segment) -> str:
     """``segment/{segment}/tokens/mean``."""
     _check(segment, SEGMENTS, "segment")
     return f"segment/{segment}/tokens/mean"
+
+
+def perf_time(phase: str) -> str:
+    """``perf/time/{phase}``: seconds a step spent in one phase."""
+    _check(phase, PHASES, "phase")
+    return f"perf/time/{phase}"
 
 
 def _check(value: str, allowed: tuple[str, ...], what: str) -> None:
@@ -94,11 +107,25 @@ def _catalogue() -> dict[str, str]:
             "train/entropy": "mean token entropy of the policy",
             "train/grad_norm": "gradient norm before clipping",
             "train/lr": "learning rate",
-            "perf/step_s": "wall-clock seconds per training step",
-            "perf/tokens_per_s": "response tokens processed per second",
-            "val/success@0.9": "fraction of validation rows whose normalised total score is >= 0.9",
+            TRAIN_GRAD_COS: (
+                "cosine between the policy gradients of the tool-token and summary-token losses "
+                "(diagnostic, engine.rl.grad_cos)"
+            ),
+            SFT_LOSS: "SFT cross-entropy on assistant tokens, last step",
+            PERF_STEP_S: "wall-clock seconds per training step",
+            PERF_TOKENS_PER_S: "response tokens processed per second",
+            VAL_SUCCESS: "fraction of validation rows whose normalised total score is >= 0.9",
         }
     )
+    phase_doc = {
+        "generate": "generation of assistant turns",
+        "simulate": "the simulator answering tool calls",
+        "reward": "reward scoring (tool process reward and judge)",
+        "advantage": "the estimator",
+        "update": "the policy update (forward, backward, optimizer)",
+    }
+    for phase in PHASES:
+        m[perf_time(phase)] = f"seconds per step in {phase_doc[phase]}"
     return m
 
 

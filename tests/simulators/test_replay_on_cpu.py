@@ -56,8 +56,8 @@ def test_no_match_gives_a_derived_response(sim, call):
     r = sim.respond(call, None, SimContext("q", RECORDED))
     assert r.status == "ok" and r.reason == "derived"
     body = json.loads(r.content)
-    assert body["tool"] == call.name and body["request"] == call.arguments
-    assert body["result"]["count"] == len(body["result"]["items"]) >= 1
+    assert body["tool"] == call.name and body["status"] == "success"
+    assert set(body["result"]) == {"id", "value", "state"}
 
 
 def test_loose_equality_rules():
@@ -85,10 +85,10 @@ def test_schema_checked_when_given_and_no_request_needed(sim):
 
 
 def test_derived_is_deterministic_and_differs_per_call():
-    a = derived_response(ToolCall("weather", {"city": "Paris", "days": 2}), WEATHER)
-    assert a == derived_response(ToolCall("weather", {"days": 2, "city": "Paris"}), WEATHER)
-    assert a != derived_response(ToolCall("weather", {"city": "Paris", "days": 3}), WEATHER)
-    assert "Current weather for a city" in a
+    a = derived_response(ToolCall("weather", {"city": "Paris", "days": 2}))
+    assert a == derived_response(ToolCall("weather", {"days": 2, "city": "Paris"}))
+    assert a != derived_response(ToolCall("weather", {"city": "Paris", "days": 3}))
+    assert len(a) < 200  # short enough for a small policy's response budget
 
 
 def test_derived_is_identical_in_another_process():

@@ -1,4 +1,5 @@
-"""``slca-exp`` with the synthetic engine registered as ``local`` (for subprocess tests)."""
+"""``slca-exp`` with the synthetic engine registered as ``synthetic`` and selected (for
+subprocess tests of the trackers that do not need a real training run)."""
 
 import sys
 from pathlib import Path
@@ -10,5 +11,8 @@ from slca_exp.engines import ENGINES  # noqa: E402
 from tests.tracking.synthetic import SyntheticEngine  # noqa: E402
 
 if __name__ == "__main__":
-    ENGINES.register("local", SyntheticEngine())
-    sys.exit(main(sys.argv[1:]))
+    ENGINES.register("synthetic", SyntheticEngine())
+    args = sys.argv[1:]
+    if args and args[0] in ("train", "validate"):
+        args.append("engine.name=synthetic")
+    sys.exit(main(args))

@@ -32,6 +32,7 @@ def test_submitit_local_sweep_gives_one_parent_and_a_child_per_job(tmp_path):
             "-m",
             "hydra/launcher=submitit_local",
             "algorithm=grpo,slca_grpo",
+            "engine.name=synthetic",
             f"tracking.root={tmp_path / 'out'}",
             f"hydra.sweep.dir={tmp_path / 'multirun'}",
         ],

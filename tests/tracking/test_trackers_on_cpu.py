@@ -118,7 +118,8 @@ def test_failed_and_killed_runs_are_closed_with_their_status(tmp_path):
 
 
 def test_only_rank_zero_logs(tmp_path, monkeypatch):
-    cfg, config, recipe = run_config(tmp_path)
+    # The synthetic split goes elsewhere: every rank builds the recipe, which generates it.
+    cfg, config, recipe = run_config(tmp_path, f"data.dir={tmp_path / 'data'}")
     assert global_rank({"SLURM_PROCID": "3"}) == 3
     assert global_rank({"RANK": "0", "SLURM_PROCID": "2"}) == 0
     assert global_rank({}) == 0

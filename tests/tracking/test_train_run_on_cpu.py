@@ -145,8 +145,15 @@ def test_an_engine_that_raises_leaves_a_failed_run(tmp_path, monkeypatch):
     assert steps == [0, 1]
 
 
-def test_no_engine_creates_nothing(tmp_path):
+def test_an_unknown_engine_creates_nothing(tmp_path):
     exe = shutil.which("slca-exp") or str(Path(sys.executable).parent / "slca-exp")
-    res = subprocess.run([exe, "train"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
-    assert res.returncode == 2 and "unknown engine 'local'" in res.stderr
+    res = subprocess.run(
+        [exe, "train", "engine.name=warp"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert res.returncode == 2 and "engine.name" in res.stderr
+    assert "unknown engine 'warp'" in res.stderr and "local" in res.stderr
     assert list(tmp_path.iterdir()) == []

@@ -1,0 +1,15 @@
+"""Data splits: the row layout, a synthetic tool domain and its generator, loading and hashing.
+
+- ``rows.py``: the row layout (verl's RL row + the Toucan/SLCA ground truth), documented field
+  by field, and ``check_rows(rows, split)``;
+- ``domain.py``: six tools with typed arguments, their deterministic responses, question and
+  reply templates;
+- ``synthetic.py``: ``generate(out_dir, rows, seed)`` writes ``sft.parquet``, ``train.parquet``
+  and ``val.parquet``;
+- ``splits.py``: ``split_files(config)``, ``load_split(path, name)``, ``load_splits(config)``
+  (missing files and bad rows raise ``DataError`` naming ``data.files.<split>``);
+- ``cli.py``: ``slca-exp data synth --out DIR --rows N --seed S``.
+
+The submodules are imported on use (``from slca_exp.data.splits import load_splits``): the
+generator needs only pyarrow, while ``splits`` pulls in the config schema.
+"""

@@ -1,0 +1,312 @@
+"""The local engine: SFT then GRPO-family RL of a Hugging Face causal LM, on CPU or one GPU.
+
+    load splits -> backbone (tokenizer + model) -> SFT (cached per recipe) -> validate
+    -> RL steps: rollouts -> HierR rewards -> penalty routing -> estimator -> clipped PG update
+    -> validate -> checkpoint
+
+It runs the same code paths a cluster run does (verl's row layout, multi-turn rollouts with
+environment-injected tool responses under mask 0, the rewards, judges, simulators, estimators
+and trackers of this package), at a size a laptop can afford.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import random
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from slca_exp.config.schema import RunConfig
+from slca_exp.engines.local import data_io
+from slca_exp.engines.local.rollout import Roller, Rollouts, RolloutSettings
+from slca_exp.engines.local.sft import save_weights, sft_key, train_sft
+from slca_exp.engines.local.state import (
+    RunState,
+    load_checkpoint,
+    resumable,
+    run_dir,
+    save_checkpoint,
+)
+from slca_exp.engines.local.update import rl_update
+from slca_exp.estimators import EstimatorParams, get_estimator
+from slca_exp.rewards import HierRReward
+from slca_exp.tracking import names
+from slca_exp.tracking.base import RunKilled
+from slca_exp.tracking.mlflow import output_root
+
+
+@dataclass
+class RunResult:
+    """What a local run returns (and Hydra records as the job's return value).
+
+    Attributes:
+        steps: RL steps completed.
+        val: validation metrics by stage label (``sft``: before RL, ``rl``: after it).
+        metrics: the metrics of the last RL step.
+        run_dir: the run's folder (checkpoint, state).
+
+    """
+
+    steps: int
+    val: dict[str, dict[str, float]] = field(default_factory=dict)
+    metrics: dict[str, float] = field(default_factory=dict)
+    run_dir: str = ""
+
+
+class LocalEngine:
+    """``engine=local``: registered in ``slca_exp.engines.ENGINES``."""
+
+    def resume_ids(self, config: RunConfig) -> dict[str, str] | None:
+        """Tracker run ids of an unfinished earlier run of this exact config (to continue it)."""
+        state = resumable(config)
+        return dict(state.run_ids) if state is not None and state.run_ids else None
+
+    def run(self, config: RunConfig, recipe: Any, tracker: Any) -> RunResult:  # noqa: ANN401
+        """Run SFT then RL as configured; resumable after a kill (see ``state.py``)."""
+        return _LocalRun(config, tracker).execute()
+
+
+class _LocalRun:
+    def __init__(self, config: RunConfig, tracker: Any) -> None:  # noqa: ANN401
+        self.cfg = config
+        self.engine = config.engine
+        self.tracker = tracker
+        self.folder = run_dir(config)
+        self.state = resumable(config) or RunState()
+        self.device = _device(config.engine.device)
+
+    def execute(self) -> RunResult:
+        from slca_exp.judges import build_judge
+        from slca_exp.simulators import build_simulator
+
+        cfg = self.cfg
+        random.seed(cfg.seed)
+        torch.manual_seed(cfg.seed)
+        self.state.run_ids = _run_ids(self.tracker) or self.state.run_ids
+        self.state.save(self.folder)
+        self.splits = data_io.load(cfg)
+        self.backbone = data_io.backbone(cfg, self.splits, self.device)
+        self.model, self.tok = self.backbone.model, self.backbone.tokenizer
+        self.judge = build_judge(cfg.judge)
+        self.simulator = build_simulator(cfg.simulator)
+        self.reward = HierRReward.from_config(cfg.reward)
+        self.estimator = get_estimator(cfg.algorithm.name)
+        self.params = EstimatorParams.from_config(cfg.algorithm)
+        self.roller = Roller(
+            self.model, self.tok, self.simulator, data_io.render_prompt, data_io.tool_turn_text
+        )
+        optimizer = torch.optim.AdamW(self.model.parameters(), lr=self.engine.rl.lr)
+        try:
+            if self.state.sft_done:
+                load_checkpoint(self.folder, self.model, optimizer if self.state.step else None)
+            else:
+                self._sft()
+                self.state.sft_done = True
+                save_checkpoint(self.folder, self.model, None, self.state)
+            if "sft" not in self.state.val:
+                self._validate("sft", step=0)
+            last = self._rl(optimizer)
+        except (RunKilled, KeyboardInterrupt):
+            # Checkpoint what is done; the same command continues from here.
+            if self.state.sft_done:
+                save_checkpoint(self.folder, self.model, optimizer, self.state)
+            print(
+                f"slca-exp: checkpointed at RL step {self.state.step} in {self.folder}; "
+                "rerun the same command to resume",
+                file=sys.stderr,
+            )
+            raise
+        finally:
+            self.judge.close()
+            self.simulator.close()
+        self.state.status = "finished"
+        self.state.save(self.folder)
+        return RunResult(self.state.step, dict(self.state.val), last, str(self.folder))
+
+    # --- stages -------------------------------------------------------------------------------
+
+    def _sft(self) -> None:
+        sft = self.engine.sft
+        split = self.splits.get("sft")
+        if not sft.enabled or split is None or sft.steps == 0:
+            return
+        key = sft_key(self.backbone.path, split.sha256, sft, self.cfg.seed)
+        cached = output_root(self.cfg.tracking) / "cache" / "sft" / key
+        if (cached / "config.json").is_file():
+            weights = type(self.model).from_pretrained(cached).state_dict()
+            self.model.load_state_dict(weights)
+            print(f"slca-exp: SFT weights reused from {cached}", file=sys.stderr)
+            return
+        examples = data_io.sft_examples(self.tok, split.rows, sft.max_len)
+        bar = _Progress(sft.steps, "sft", self.engine.progress)
+        losses = train_sft(
+            self.model,
+            examples,
+            sft,
+            seed=self.cfg.seed,
+            pad_id=self.roller.pad_id,
+            on_step=lambda step, loss: bar.update({"loss": loss}),
+        )
+        bar.close()
+        self.tracker.log_metrics({"sft/loss": losses[-1]}, 0)
+        save_weights(self.model, self.tok, cached)
+
+    def _rl(self, optimizer: torch.optim.Optimizer) -> dict[str, float]:
+        rl, rollout = self.engine.rl, self.engine.rollout
+        reference = None
+        if rl.kl_coef > 0:
+            reference = copy.deepcopy(self.model).eval().requires_grad_(False)
+        settings = RolloutSettings(
+            rollout.max_turns,
+            rollout.max_turn_tokens,
+            rollout.max_response_tokens,
+            rollout.temperature,
+        )
+        bar = _Progress(rl.steps, "rl", self.engine.progress, start=self.state.step)
+        last: dict[str, float] = {}
+        train = self.splits["train"].rows
+        for step in range(self.state.step, rl.steps if rl.enabled else 0):
+            t0 = time.perf_counter()
+            rng = random.Random(self.cfg.seed * 1_000_003 + step)  # resume-stable prompt choice
+            rows = [train[i] for i in rng.sample(range(len(train)), rollout.prompts_per_step)]
+            torch.manual_seed(self.cfg.seed * 1_000_003 + step)
+            rolls = self.roller.run(rows, self.cfg.algorithm.group_size, settings)
+            t1 = time.perf_counter()
+            scored = self.reward.score(rolls.texts, _truths(rolls), self.judge)
+            t2 = time.perf_counter()
+            packed = rolls.batch(self.roller.pad_id, self.device)
+            adv = self.estimator(
+                packed.response_mask.cpu(), rolls.group, scored.scores, self.params
+            )
+            t3 = time.perf_counter()
+            self.model.train()
+            train_stats = rl_update(
+                self.model, reference, optimizer, packed, adv, rl, rollout.temperature
+            )
+            self.model.eval()
+            t4 = time.perf_counter()
+            metrics = {**scored.stats, **adv.stats, **train_stats, **_service_stats(self, rolls)}
+            metrics[names.PERF_STEP_S] = t4 - t0
+            metrics[names.PERF_TOKENS_PER_S] = sum(map(len, rolls.response_ids)) / max(
+                t4 - t0, 1e-9
+            )
+            metrics.update(_timing(rolls, t2 - t1, t3 - t2, t4 - t3))
+            self.tracker.log_metrics(metrics, step + 1)
+            _log_advantages(self.tracker, adv, step + 1)
+            self.state.step = step + 1
+            last = metrics
+            bar.update(
+                {
+                    "tool": metrics["reward/tool/mean"],
+                    "sum": metrics["reward/summary/mean"],
+                    "A_tool": metrics[names.adv("tool", "abs_mean")],
+                    "A_sum": metrics[names.adv("summary", "abs_mean")],
+                }
+            )
+            if self.state.step % self.engine.checkpoint_every == 0:
+                save_checkpoint(self.folder, self.model, optimizer, self.state)
+            every = self.engine.val_every
+            if every and self.state.step % every == 0 and self.state.step < rl.steps:
+                self._validate(f"step{self.state.step}", self.state.step)
+        bar.close()
+        self._validate("rl", self.state.step)
+        save_checkpoint(self.folder, self.model, optimizer, self.state)
+        return last
+
+    def _validate(self, label: str, step: int) -> dict[str, float]:
+        """Greedy, one sample per validation prompt; logs ``val/...`` and prints the summary."""
+        rows = self.splits["val"].rows[: self.engine.val_rows]
+        rollout = self.engine.rollout
+        settings = RolloutSettings(
+            rollout.max_turns, rollout.max_turn_tokens, rollout.max_response_tokens, greedy=True
+        )
+        rolls = self.roller.run(rows, 1, settings)
+        scored = self.reward.score(rolls.texts, _truths(rolls), self.judge)
+        norm = self.reward.process_weight + self.reward.summary_weight
+        totals = [float(x) for x in scored.scores.total.tolist()]
+        success = sum(1 for t in totals if math.isfinite(t) and t / norm >= 0.9) / len(totals)
+        metrics = {f"val/{k}": v for k, v in scored.stats.items()}
+        metrics[names.VAL_SUCCESS] = success
+        self.tracker.log_metrics(metrics, step)
+        self.state.val[label] = metrics
+        self.state.save(self.folder)
+        print(
+            f"slca-exp: validation ({label}, {len(rows)} prompts): tool reward "
+            f"{metrics['val/reward/tool/mean']:.3f}, summary reward "
+            f"{metrics['val/reward/summary/mean']:.3f}, success@0.9 {success:.3f}",
+            file=sys.stderr,
+        )
+        return metrics
+
+
+def _truths(rolls: Rollouts) -> list[Any]:
+    """The ground truth of each sample (one shared object per prompt)."""
+    return [row["reward_model"]["ground_truth"] for row in rolls.rows]
+
+
+def _service_stats(run: _LocalRun, rolls: Rollouts) -> dict[str, float]:
+    from slca_exp.simulators import batch_stats as sim_stats
+
+    stats = dict(sim_stats(rolls.tool_results)) if rolls.tool_results else {}
+    stats.update(run.judge.stats() if hasattr(run.judge, "stats") else {})
+    return {k: v for k, v in stats.items() if k in names.METRICS}
+
+
+def _timing(rolls: Rollouts, reward: float, adv: float, update: float) -> dict[str, float]:
+    """Per-phase seconds of a step (``perf/time/*``)."""
+    t = rolls.timings
+    return {
+        names.perf_time("generate"): t["generate"],
+        names.perf_time("simulate"): t["simulate"],
+        names.perf_time("reward"): reward,
+        names.perf_time("advantage"): adv,
+        names.perf_time("update"): update,
+    }
+
+
+def _log_advantages(tracker: Any, adv: Any, step: int) -> None:  # noqa: ANN401
+    log = getattr(tracker, "log_advantages", None)
+    if log is None:
+        return
+    from slca_exp.tracking.plots import advantage_samples
+
+    log(advantage_samples(adv), step)
+
+
+def _run_ids(tracker: Any) -> dict[str, str]:  # noqa: ANN401
+    ids = getattr(tracker, "run_ids", None)
+    return dict(ids()) if callable(ids) else {}
+
+
+def _device(choice: str) -> torch.device:
+    if choice == "cuda" or (choice == "auto" and torch.cuda.is_available()):
+        return torch.device("cuda")
+    return torch.device("cpu")
+
+
+class _Progress:
+    """A tqdm bar on stderr with live stats (silent when ``enabled`` is false)."""
+
+    def __init__(self, total: int, label: str, enabled: bool, start: int = 0) -> None:
+        self.bar = None
+        if enabled and total:
+            from tqdm import tqdm
+
+            # disable=None: a bar on a terminal, nothing in a log file
+            self.bar = tqdm(
+                total=total, initial=start, desc=label, file=sys.stderr, disable=None, leave=True
+            )
+
+    def update(self, stats: dict[str, float]) -> None:
+        if self.bar is not None:
+            self.bar.set_postfix({k: f"{v:.3f}" for k, v in stats.items()}, refresh=False)
+            self.bar.update(1)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()

@@ -1,0 +1,161 @@
+"""The local engine run as a user runs it: the CLI in a subprocess, a kill, a resume."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+from mlflow.tracking import MlflowClient
+
+EXE = str(Path(sys.executable).parent / "slca-exp")
+TINY = [
+    "data.rows=16",
+    "engine.sft.steps=5",
+    "engine.sft.batch_size=4",
+    "engine.val_rows=2",
+    "algorithm.group_size=2",
+    "engine.rollout.prompts_per_step=2",
+    "engine.rollout.max_turn_tokens=32",
+    "engine.rollout.max_response_tokens=96",
+    "engine.checkpoint_every=1",
+    "engine.progress=false",
+]
+
+
+def train(tmp_path, *overrides, timeout=300, wait=True):
+    args = [EXE, "train", *TINY, f"tracking.root={tmp_path / 'out'}", *overrides]
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    if not wait:
+        return subprocess.Popen(
+            args, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+    return subprocess.run(
+        args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=timeout
+    )
+
+
+def runs(tmp_path):
+    client = MlflowClient(f"sqlite:///{tmp_path / 'out' / 'mlflow.db'}")
+    found = [r for e in client.search_experiments() for r in client.search_runs([e.experiment_id])]
+    return client, found
+
+
+def test_a_few_steps_through_the_cli_leave_a_finished_recorded_run(tmp_path):
+    res = train(tmp_path, "engine.rl.steps=2")
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "validation (sft" in res.stderr and "validation (rl" in res.stderr
+    assert "mlflow ui --backend-store-uri" in res.stderr
+    client, found = runs(tmp_path)
+    (run,) = found
+    assert run.info.status == "FINISHED"
+    assert {"slca.backbone", "slca.reward", "slca.judge", "slca.data"} <= set(run.data.tags)
+    for name in (
+        "reward/tool/mean",
+        "adv/tool/mean",
+        "adv/summary/abs_mean",
+        "segment/summary/present_frac",
+        "train/loss",
+        "perf/time/generate",
+        "val/reward/tool/mean",
+        "val/success_at_0.9",
+    ):
+        assert name in run.data.metrics, name
+    steps = [m.step for m in client.get_metric_history(run.info.run_id, "train/loss")]
+    assert sorted(steps) == [1, 2]
+    recipe = json.loads(
+        Path(client.download_artifacts(run.info.run_id, "recipe.json", str(tmp_path))).read_text()
+    )
+    assert recipe["data"]["files"]["train"]["rows"] == 16
+
+
+def test_sigterm_checkpoints_marks_killed_and_the_same_command_resumes(tmp_path):
+    proc = train(tmp_path, "engine.rl.steps=40", wait=False)
+    state = None
+    deadline = time.time() + 240
+    while time.time() < deadline:
+        found = list((tmp_path / "out" / "runs").glob("*/state.json"))
+        if found:
+            state = json.loads(found[0].read_text())
+            if state["step"] >= 2:
+                break
+        time.sleep(0.5)
+    assert state is not None and state["step"] >= 2, proc.communicate(timeout=60)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, err[-3000:]
+    assert "checkpointed at RL step" in err
+    client, (killed,) = runs(tmp_path)
+    assert killed.info.status == "KILLED"
+    done = json.loads(found[0].read_text())["step"]
+    assert done >= 2
+
+    res = train(tmp_path, "engine.rl.steps=40")  # the same command
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "resuming MLflow run" in res.stdout + res.stderr
+    client, (run,) = runs(tmp_path)  # still one run
+    assert run.info.run_id == killed.info.run_id and run.info.status == "FINISHED"
+    steps = [m.step for m in client.get_metric_history(run.info.run_id, "train/loss")]
+    assert sorted(steps) == list(range(1, 41))  # every step once, continuous across the kill
+
+
+def test_rollout_masks_match_their_tokens(tmp_path):
+    from slca_exp.backbones import load_backbone
+    from slca_exp.backbones.chat import render_prompt, render_text, tool_turn_text
+    from slca_exp.config.schema import BackboneConfig, SFTConfig, SimulatorConfig, TinyArchConfig
+    from slca_exp.data.splits import load_split
+    from slca_exp.data.synthetic import generate
+    from slca_exp.engines.local import data_io
+    from slca_exp.engines.local.rollout import Roller, RolloutSettings, row_tools
+    from slca_exp.engines.local.sft import train_sft
+    from slca_exp.simulators import build_simulator
+
+    files = generate(tmp_path / "data", rows=16, seed=0)
+    sft = load_split(files["sft"], "sft").rows
+    arch = TinyArchConfig(vocab_size=512, max_position_embeddings=1024)
+    texts = [render_text(json.loads(r["messages"]), row_tools(r)) for r in sft]
+    bb = load_backbone(
+        BackboneConfig(source="builtin", arch=arch),
+        corpus=lambda: texts,
+        cache_root=tmp_path / "cache",
+        seed=0,
+    )
+    # a short SFT so the policy writes tool calls and gets tool responses back
+    examples = data_io.sft_examples(bb.tokenizer, sft, 512)
+    train_sft(
+        bb.model,
+        examples,
+        SFTConfig(steps=120, batch_size=8, lr=5e-3),
+        seed=0,
+        pad_id=bb.tokenizer.pad_token_id,
+    )
+    roller = Roller(
+        bb.model, bb.tokenizer, build_simulator(SimulatorConfig()), render_prompt, tool_turn_text
+    )
+    torch.manual_seed(0)
+    rolls = roller.run(sft[:8], 2, RolloutSettings(2, 64, 256))
+    tok = bb.tokenizer
+    eos = tok.convert_tokens_to_ids("<|im_end|>")
+    with_tools = 0
+    for ids, mask, cut in zip(
+        rolls.response_ids, rolls.response_mask, rolls.truncated, strict=True
+    ):
+        assert len(ids) == len(mask) and mask[0] == 1
+        runs_ = []  # (mask value, tokens) of each contiguous run
+        for t, m in zip(ids, mask, strict=True):
+            if runs_ and runs_[-1][0] == m:
+                runs_[-1][1].append(t)
+            else:
+                runs_.append((m, [t]))
+        for k, (m, tokens) in enumerate(runs_):
+            if m == 0:  # injected: exactly the template's tool turn, responses inside
+                text = tok.decode(tokens)
+                assert text.startswith("\n<|im_start|>user\n<tool_response>\n"), text
+                assert text.endswith("</tool_response><|im_end|>\n<|im_start|>assistant\n")
+                with_tools += 1
+            elif k < len(runs_) - 1 or not cut:  # generated: a whole assistant turn
+                assert tokens[-1] == eos
+    assert with_tools > 0
