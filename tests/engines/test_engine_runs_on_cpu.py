@@ -137,6 +137,22 @@ def test_rollout_masks_match_their_tokens(tmp_path):
     )
     torch.manual_seed(0)
     rolls = roller.run(sft[:8], 2, RolloutSettings(2, 64, 256))
+    torch.manual_seed(0)
+    again = roller.run(sft[:8], 2, RolloutSettings(2, 64, 256))
+    assert again.response_ids == rolls.response_ids  # determinism by seed
+
+    # the appendix diagnostic: cos(grad_tool, grad_summary) from two masked backward passes
+    from slca_exp.config.schema import RLConfig
+    from slca_exp.engines.local.update import rl_update
+    from slca_exp.estimators import EstimatorParams, RolloutScores, get_estimator
+
+    packed = rolls.batch(roller.pad_id)
+    n = len(rolls)
+    scores = RolloutScores(tool=torch.rand(n), summary=torch.rand(n), total=torch.rand(n))
+    adv = get_estimator("slca_grpo")(packed.response_mask, rolls.group, scores, EstimatorParams())
+    optimizer = torch.optim.AdamW(bb.model.parameters(), lr=1e-6)
+    stats = rl_update(bb.model, None, optimizer, packed, adv, RLConfig(grad_cos=True), 1.0)
+    assert -1.0 <= stats["train/grad_cos"] <= 1.0
     tok = bb.tokenizer
     eos = tok.convert_tokens_to_ids("<|im_end|>")
     with_tools = 0
