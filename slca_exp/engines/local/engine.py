@@ -81,9 +81,12 @@ class _LocalRun:
         self.device = _device(config.engine.device)
 
     def execute(self) -> RunResult:
+        from transformers.utils import logging as hf_logging
+
         from slca_exp.judges import build_judge
         from slca_exp.simulators import build_simulator
 
+        hf_logging.disable_progress_bar()  # our own bar reports progress; theirs is noise here
         cfg = self.cfg
         random.seed(cfg.seed)
         torch.manual_seed(cfg.seed)

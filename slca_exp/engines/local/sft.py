@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import random
+import shutil
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -111,8 +113,15 @@ def collate(
 
 
 def save_weights(model: Any, tokenizer: Any, folder: Path) -> None:  # noqa: ANN401
-    """Save an HF checkpoint atomically (written aside, then renamed into place)."""
-    tmp = folder.with_name(folder.name + ".tmp")
+    """Save an HF checkpoint atomically: written aside, then renamed into place.
+
+    Two runs of a sweep may finish the same SFT at once; the second finds the folder there and
+    drops its own copy (both hold the same weights).
+    """
+    tmp = folder.with_name(f"{folder.name}.tmp-{os.getpid()}")
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
-    tmp.replace(folder) if not folder.exists() else None
+    try:
+        tmp.rename(folder)
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)
