@@ -194,7 +194,8 @@ def tracked_run(tracker: Tracker, recipe: Recipe, params: Mapping[str, Any]) -> 
     if _in_main_thread():
         previous = signal.signal(signal.SIGTERM, _raise_killed)
     try:
-        tracker.start(recipe, params)
+        with sigterm_deferred():
+            tracker.start(recipe, params)
         try:
             yield tracker
         except (RunKilled, KeyboardInterrupt):
@@ -207,6 +208,25 @@ def tracked_run(tracker: Tracker, recipe: Recipe, params: Mapping[str, Any]) -> 
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+
+
+@contextmanager
+def sigterm_deferred() -> Iterator[None]:
+    """Hold SIGTERM back for the duration of the block (a write that must not be cut in half).
+
+    A SIGTERM that arrives meanwhile is delivered when the block ends, so :func:`tracked_run`
+    still closes the run KILLED, but never in the middle of a store transaction (a SQLAlchemy
+    session interrupted mid-commit refuses every later call, including the one that closes the
+    run). Outside the main thread, where signals are not delivered, it does nothing.
+    """
+    if not _in_main_thread():
+        yield
+        return
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
 
 
 def _raise_killed(signum: int, frame: object) -> None:
