@@ -14,7 +14,7 @@ from slca_exp.estimators.base import RolloutScores
 from slca_exp.rewards.gold import Gold, read_gold
 from slca_exp.rewards.hierr import HierRWeights, ToolReward, Variant, tool_process_reward
 from slca_exp.rewards.routing import reward_stats, route_batch
-from slca_exp.rewards.summary import FailurePolicy, SummaryReward, summary_rewards
+from slca_exp.rewards.summary import FailurePolicy, SummaryReward, judge_stats, summary_rewards
 
 if TYPE_CHECKING:
     from slca_exp.judges.base import Judge
@@ -28,7 +28,7 @@ class RewardBatch:
         scores: (B,) routed tool / summary / total scores for the estimators.
         tool: per rollout tool process rewards.
         summary: per rollout summary rewards.
-        stats: the ``reward/*`` metrics.
+        stats: the ``reward/*`` and ``judge/*`` metrics.
 
     """
 
@@ -105,7 +105,8 @@ class HierRReward:
             process_weight=self.process_weight,
             summary_weight=self.summary_weight,
         )
-        return RewardBatch(scores, tools, summaries, reward_stats(tools, summaries, scores))
+        stats = reward_stats(tools, summaries, scores) | judge_stats(summaries)
+        return RewardBatch(scores, tools, summaries, stats)
 
 
 def _read_all(ground_truths: Sequence[Mapping[str, Any] | str | Gold]) -> list[Gold]:

@@ -35,6 +35,8 @@ class SummaryReward:
         rating: the judge's 1-5 rating, or ``None``.
         status: ``ok``, ``short_circuit`` or ``failed``.
         reason: why it was short-circuited or failed ("" when ok).
+        cached: the judge answered from its cache.
+        latency_ms: time the judge spent on it.
 
     """
 
@@ -42,6 +44,8 @@ class SummaryReward:
     rating: int | None
     status: str
     reason: str = ""
+    cached: bool = False
+    latency_ms: float = 0.0
 
 
 def from_judge(result: JudgeResult, failure: FailurePolicy = "absent") -> SummaryReward:
@@ -51,8 +55,25 @@ def from_judge(result: JudgeResult, failure: FailurePolicy = "absent") -> Summar
     score = result.score
     if result.status == "failed" or not math.isfinite(score):
         score = math.nan if failure == "absent" else 0.0
-        return SummaryReward(score, None, "failed", result.reason)
-    return SummaryReward(float(score), result.rating, result.status, result.reason)
+        return SummaryReward(score, None, "failed", result.reason, False, result.latency_ms)
+    return SummaryReward(
+        float(score), result.rating, result.status, result.reason, result.cached, result.latency_ms
+    )
+
+
+def judge_stats(summaries: Sequence[SummaryReward]) -> dict[str, float]:
+    """``judge/failures`` (count), ``judge/cache_hit_frac`` and ``judge/latency_ms`` of a batch.
+
+    The last two are over the rollouts the judge was asked about (not short-circuited); the
+    latency is the mean over those not answered from the cache (0 when there are none).
+    """
+    asked = [s for s in summaries if s.status != "short_circuit"]
+    served = [s.latency_ms for s in asked if not s.cached]
+    return {
+        "judge/failures": float(sum(s.status == "failed" for s in summaries)),
+        "judge/cache_hit_frac": sum(s.cached for s in asked) / len(asked) if asked else 0.0,
+        "judge/latency_ms": sum(served) / len(served) if served else 0.0,
+    }
 
 
 def summary_rewards(

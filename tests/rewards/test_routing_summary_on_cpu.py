@@ -140,3 +140,17 @@ def test_route_batch_shapes():
     assert scores.total.dtype == torch.float32 and scores.total.tolist() == [0.75, 1.25]
     with pytest.raises(ValueError, match="2 tool rewards for 1"):
         route_batch([ToolReward(0.5, {})] * 2, [SummaryReward(0.25, 2, "ok")])
+
+
+def test_judge_metrics_of_a_batch():
+    from slca_exp.rewards.summary import judge_stats
+
+    batch = [
+        from_judge(JudgeResult(4, 0.75, "ok", cached=True, latency_ms=0.0)),
+        from_judge(JudgeResult(3, 0.5, "ok", latency_ms=40.0)),
+        from_judge(JudgeResult(None, NAN, "failed", latency_ms=20.0)),
+        from_judge(SHORT),
+    ]
+    stats = judge_stats(batch)
+    assert stats == {"judge/failures": 1.0, "judge/cache_hit_frac": 1 / 3, "judge/latency_ms": 30.0}
+    assert set(stats) <= set(names.METRICS)

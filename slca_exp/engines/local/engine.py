@@ -193,7 +193,7 @@ class _LocalRun:
             )
             self.model.eval()
             t4 = time.perf_counter()
-            metrics = {**scored.stats, **adv.stats, **train_stats, **_service_stats(self, rolls)}
+            metrics = {**scored.stats, **adv.stats, **train_stats, **_service_stats(rolls)}
             metrics[names.PERF_STEP_S] = t4 - t0
             metrics[names.PERF_TOKENS_PER_S] = sum(map(len, rolls.response_ids)) / max(
                 t4 - t0, 1e-9
@@ -252,11 +252,10 @@ def _truths(rolls: Rollouts) -> list[Any]:
     return [row["reward_model"]["ground_truth"] for row in rolls.rows]
 
 
-def _service_stats(run: _LocalRun, rolls: Rollouts) -> dict[str, float]:
+def _service_stats(rolls: Rollouts) -> dict[str, float]:
     from slca_exp.simulators import batch_stats as sim_stats
 
     stats = dict(sim_stats(rolls.tool_results)) if rolls.tool_results else {}
-    stats.update(run.judge.stats() if hasattr(run.judge, "stats") else {})
     return {k: v for k, v in stats.items() if k in names.METRICS}
 
 
