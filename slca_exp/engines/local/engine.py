@@ -176,7 +176,13 @@ class _LocalRun:
         for step in range(self.state.step, rl.steps if rl.enabled else 0):
             t0 = time.perf_counter()
             rng = random.Random(self.cfg.seed * 1_000_003 + step)  # resume-stable prompt choice
-            rows = [train[i] for i in rng.sample(range(len(train)), rollout.prompts_per_step)]
+            k = rollout.prompts_per_step
+            picks = (
+                rng.sample(range(len(train)), k)
+                if k <= len(train)
+                else rng.choices(range(len(train)), k=k)
+            )  # a split smaller than a step's prompts is sampled with replacement
+            rows = [train[i] for i in picks]
             torch.manual_seed(self.cfg.seed * 1_000_003 + step)
             rolls = self.roller.run(rows, self.cfg.algorithm.group_size, settings)
             t1 = time.perf_counter()
@@ -230,9 +236,10 @@ class _LocalRun:
         )
         rolls = self.roller.run(rows, 1, settings)
         scored = self.reward.score(rolls.texts, _truths(rolls), self.judge)
-        norm = self.reward.process_weight + self.reward.summary_weight
+        norm = (self.reward.process_weight + self.reward.summary_weight) or 1.0
         totals = [float(x) for x in scored.scores.total.tolist()]
-        success = sum(1 for t in totals if math.isfinite(t) and t / norm >= 0.9) / len(totals)
+        hits = sum(1 for t in totals if math.isfinite(t) and t / norm >= 0.9)
+        success = hits / max(len(totals), 1)
         metrics = {f"val/{k}": v for k, v in scored.stats.items()}
         metrics[names.VAL_SUCCESS] = success
         self.tracker.log_metrics(metrics, step)
