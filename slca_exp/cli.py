@@ -1,6 +1,6 @@
 """``slca-exp``: the command line.
 
-    slca-exp train [HYDRA FLAGS] [OVERRIDES]     run (or with --cfg job, print) a recipe
+    slca-exp train [--dry-run] [HYDRA FLAGS] [OVERRIDES]  run (or with --cfg job, print) a recipe
     slca-exp validate [HYDRA FLAGS] [OVERRIDES]  compose and validate, report every problem
     slca-exp compare EXPERIMENT_OR_SWEEP [--metric M ...] [--strict] [--tracking-uri URI]
                      [--out DIR] [--ui-url URL]  table, plots and MLflow compare link of a sweep
@@ -10,6 +10,11 @@ train and validate accept Hydra's own flags (``--config-dir``, ``--config-name``
 ``--cfg``) and overrides. A bad recipe exits with status 2 and one message listing every problem,
 before Hydra creates anything (no output folder, no run, no job). ``slca-exp compare --help``
 describes compare.
+
+Two more overrides are the CLI's own (``slca_exp/launch/command.py``): ``launcher=<profile>``
+(plus ``launcher.<key>=<value>``) picks a cluster profile from launchers/, ``sweep=<study>`` a
+ready study from sweeps/ (with ``-m``). ``train --dry-run`` checks every job's config, then
+prints the jobs, the resources and the sbatch script, and submits and creates nothing.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ import sys
 from collections.abc import Sequence
 
 from slca_exp.config.compose import CONFIG_NAME, check_overrides, expand_sweeps
-from slca_exp.config.validate import ConfigError
+from slca_exp.config.validate import ConfigError, Problem
 from slca_exp.plugins import load_plugins
 
 USAGE = __doc__.split("\n\n")[1]
@@ -63,13 +68,29 @@ def _parse(rest: list[str]):  # noqa: ANN202 - argparse.Namespace from Hydra's o
     return get_args_parser().parse_args(rest)
 
 
-def _check(args) -> int:  # noqa: ANN001 - argparse.Namespace
-    """Validate every job; print the problems and return 0 (valid) or 2."""
+def _unfold(rest: list[str]):  # noqa: ANN202 - (argparse.Namespace, list[str], Plan)
+    """Parse ``rest`` and unfold its ``sweep=`` and ``launcher=``; returns the new ``rest`` too."""
+    from slca_exp.launch.command import plan
+
+    args = _parse(rest)
+    unfolded = plan(args.overrides, [args.config_dir] if args.config_dir else [])
+    if unfolded.overrides != args.overrides:
+        flags = list(rest)
+        for override in args.overrides:  # the overrides are the positional arguments
+            flags.remove(override)
+        rest = flags + unfolded.overrides
+        args = _parse(rest)
+    return args, rest, unfolded
+
+
+def _check(args, found: Sequence[Problem] = ()) -> int:  # noqa: ANN001 - argparse.Namespace
+    """Validate every job; print the problems (``found`` first) and return 0 (valid) or 2."""
     jobs, problems = check_overrides(
         args.overrides,
         config_name=args.config_name or CONFIG_NAME,
         extra_config_dirs=[args.config_dir] if args.config_dir else [],
     )
+    problems = [*found, *problems]
     if problems:
         print(f"slca-exp: {ConfigError(problems)}", file=sys.stderr)
         return EXIT_BAD_CONFIG
@@ -77,8 +98,8 @@ def _check(args) -> int:  # noqa: ANN001 - argparse.Namespace
 
 
 def _validate(rest: list[str]) -> int:
-    args = _parse(rest)
-    status = _check(args)
+    args, _, unfolded = _unfold(rest)
+    status = _check(args, unfolded.problems)
     if status == 0:
         jobs = len(expand_sweeps(args.overrides))
         print(f"slca-exp: the recipe is valid ({jobs} job{'s' if jobs != 1 else ''})")
@@ -86,16 +107,25 @@ def _validate(rest: list[str]) -> int:
 
 
 def _train(rest: list[str]) -> int:
-    args = _parse(rest)
+    dry_run = "--dry-run" in rest
+    rest = [a for a in rest if a != "--dry-run"]
+    args, rest, unfolded = _unfold(rest)
+    if unfolded.study and not args.multirun:
+        print(f"slca-exp: sweep={unfolded.study} is a sweep: add -m", file=sys.stderr)
+        return EXIT_BAD_CONFIG
     informational = args.help or args.hydra_help or args.shell_completion or args.info
     # With --config-path the primary config is not ours to pre-check; the task validates it.
     if not (informational or args.config_path):
-        status = _check(args)
+        status = _check(args, unfolded.problems)
         if status:
             return status
+    elif unfolded.problems:
+        print(f"slca-exp: {ConfigError(unfolded.problems)}", file=sys.stderr)
+        return EXIT_BAD_CONFIG
     from slca_exp import train
 
-    if not (informational or args.config_path or args.cfg):
+    # A dry run checks every job's config only: building the recipe may write the data cache.
+    if not (informational or args.config_path or args.cfg or dry_run):
         # The recipe (data files, prompts) and the engine, for every job, before Hydra creates
         # an output folder or a tracker opens a run.
         status = train.check_jobs(
@@ -105,6 +135,11 @@ def _train(rest: list[str]) -> int:
         )
         if status:
             return status
+    if dry_run:
+        from slca_exp.launch.dry_run import describe
+
+        print(describe(unfolded.launcher, unfolded.profile, expand_sweeps(args.overrides)))
+        return 0
     sys.argv = ["slca-exp", *rest]
     train.main()
     return 0

@@ -83,7 +83,8 @@ def check_overrides(
 ) -> tuple[int, list[Problem]]:
     """Expand sweeps and return ``(number of jobs, every problem of every job)``.
 
-    A problem found in only some jobs of a sweep names the job's overrides in its message.
+    A problem found in only some jobs of a sweep lists the swept overrides of every such job in
+    its message, so that a refused sweep names each of its bad points.
     """
     try:
         jobs = expand_sweeps(overrides)
@@ -96,11 +97,11 @@ def check_overrides(
                 found.setdefault(problem, []).append(job)
     problems = []
     for problem, where in found.items():
-        if len(where) < len(jobs):  # only some jobs of the sweep: say which
-            swept = " ".join(o for o in where[0] if o not in overrides)
+        if len(where) < len(jobs):  # only some jobs of the sweep: say which, all of them
+            points = "; ".join(" ".join(o for o in job if o not in overrides) for job in where)
             problem = Problem(
                 problem.key,
-                f"{problem.what} [in {len(where)} of {len(jobs)} jobs, e.g. {swept}]",
+                f"{problem.what} [in {len(where)} of {len(jobs)} jobs: {points}]",
                 problem.fix,
             )
         problems.append(problem)

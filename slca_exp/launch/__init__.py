@@ -1,0 +1,1 @@
+"""Where jobs run: cluster profiles (launchers/), ready studies (sweeps/) and the dry run."""

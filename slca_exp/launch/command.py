@@ -1,0 +1,119 @@
+"""Turn ``sweep=<study>``, ``launcher=<profile>`` and ``launcher.<key>=...`` into Hydra overrides.
+
+The CLI calls :func:`plan` before its pre-check, so that every job of a study is validated like
+any other sweep and the profile's problems are reported with the recipe's:
+
+- ``sweep=<study>`` is replaced, in place, by the study's overrides from ``sweeps/<study>.yaml``
+  (``slca_exp/conf/sweep``); a key also given on the command line keeps the command line's value.
+- ``launcher=<profile>`` and ``launcher.<key>=<value>`` are taken out and replaced by
+  ``hydra/launcher=slca_<profile>`` (see :mod:`slca_exp.launch.profiles`); without them Hydra's
+  basic launcher runs the jobs here, as before.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from slca_exp.config.compose import CONFIG_DIR
+from slca_exp.config.validate import Problem
+from slca_exp.launch.profiles import DEFAULT, GROUP, LauncherProfile, hydra_overrides, load_profile
+
+STUDY_GROUP = "sweep"
+
+
+@dataclass
+class Plan:
+    """What a command line becomes once its study and its profile are unfolded."""
+
+    overrides: list[str]
+    """The overrides Hydra gets."""
+    launcher: str = DEFAULT
+    """The profile's name."""
+    profile: LauncherProfile | None = None
+    """The checked profile (``None`` when it has problems)."""
+    study: str | None = None
+    """The study's name, when ``sweep=<study>`` was given."""
+    problems: list[Problem] = field(default_factory=list)
+
+
+def plan(overrides: Sequence[str], extra_config_dirs: Sequence[str] = ()) -> Plan:
+    """Unfold ``sweep=`` and ``launcher=`` in ``overrides``; collect every problem."""
+    problems: list[Problem] = []
+    expanded, study = _unfold_study(list(overrides), extra_config_dirs, problems)
+    rest, name, tweaks = [], DEFAULT, []
+    for item in expanded:
+        key = item.split("=", 1)[0]
+        if key == GROUP:
+            name = item.split("=", 1)[1]
+        elif key.startswith(f"{GROUP}."):
+            tweaks.append(item)
+        else:
+            rest.append(item)
+    if "," in name:
+        problems.append(
+            Problem(GROUP, f"cannot sweep over cluster profiles ({name})", "run one per command")
+        )
+        return Plan(rest, name, None, study, problems)
+    if name != DEFAULT and any(i.split("=", 1)[0] == "hydra/launcher" for i in rest):
+        problems.append(
+            Problem(
+                "hydra/launcher",
+                f"given together with launcher={name}",
+                "give one of them; launcher=<profile> sets hydra/launcher itself",
+            )
+        )
+    profile, found = load_profile(name, tweaks, extra_config_dirs)
+    problems += found
+    if profile is not None:
+        rest = rest + hydra_overrides(name, profile)
+    return Plan(rest, name, profile, study, problems)
+
+
+def study_names(extra_config_dirs: Sequence[str] = ()) -> list[str]:
+    """Every ready study in the packaged tree and the user's config folders."""
+    return sorted({p.stem for d in _study_dirs(extra_config_dirs) for p in d.glob("*.yaml")})
+
+
+def study_overrides(name: str, extra_config_dirs: Sequence[str] = ()) -> list[str] | None:
+    """The overrides of study ``name``, or ``None`` when there is no such study."""
+    for folder in _study_dirs(extra_config_dirs):
+        path = folder / f"{name}.yaml"
+        if path.is_file():
+            return [str(o) for o in OmegaConf.load(path).overrides]
+    return None
+
+
+def _unfold_study(
+    overrides: list[str], extra_config_dirs: Sequence[str], problems: list[Problem]
+) -> tuple[list[str], str | None]:
+    at = [i for i, o in enumerate(overrides) if o.split("=", 1)[0] == STUDY_GROUP]
+    if not at:
+        return overrides, None
+    name = overrides[at[0]].split("=", 1)[1]
+    if len(at) > 1 or "," in name:
+        problems.append(
+            Problem(STUDY_GROUP, "give one study per command", "run the studies one by one")
+        )
+        return [o for o in overrides if o.split("=", 1)[0] != STUDY_GROUP], None
+    found = study_overrides(name, extra_config_dirs)
+    if found is None:
+        problems.append(
+            Problem(
+                STUDY_GROUP,
+                f"no study {name!r}",
+                f"choose one of: {', '.join(study_names(extra_config_dirs))}, or add "
+                f"sweep/{name}.yaml (a list under `overrides:`) to a --config-dir folder",
+            )
+        )
+        return [o for i, o in enumerate(overrides) if i != at[0]], None
+    given = {o.split("=", 1)[0] for o in overrides}
+    kept = [o for o in found if o.split("=", 1)[0] not in given]
+    return overrides[: at[0]] + kept + overrides[at[0] + 1 :], name
+
+
+def _study_dirs(extra_config_dirs: Sequence[str]) -> list[Path]:
+    return [Path(d) / STUDY_GROUP for d in extra_config_dirs] + [CONFIG_DIR / STUDY_GROUP]

@@ -1,0 +1,229 @@
+"""Cluster profiles (``launchers/<name>.yaml``): where the jobs of a command run, and with what.
+
+``slca-exp train launcher=<name> [launcher.<key>=<value> ...]`` loads the profile from the
+``launcher`` folder of the config tree (``slca_exp/conf/launcher``, or a ``--config-dir``
+folder), checks it against :class:`LauncherProfile` and turns it into the hydra-submitit-launcher
+config: the profile is stored in Hydra's ConfigStore as ``hydra/launcher=slca_<name>`` (a
+``SlurmQueueConf`` or ``LocalQueueConf`` with the profile's values), so no value has to survive
+the override grammar. Adding a cluster is adding one YAML file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+import subprocess
+import typing
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from slca_exp.config.compose import CONFIG_DIR
+from slca_exp.config.fields import check_of, param
+from slca_exp.config.validate import Problem, unknown_key_problem
+
+KINDS = ("basic", "submitit_local", "submitit_slurm")
+GROUP = "launcher"
+DEFAULT = "local"
+
+
+@dataclass
+class LauncherProfile:
+    """One cluster shape: the launcher and the resources of every job of a command."""
+
+    kind: str = param(
+        "basic",
+        "basic (here, one job after another) | submitit_local (a process per job) | "
+        "submitit_slurm (one sbatch array job per sweep)",
+        choices=KINDS,
+    )
+    gpu: bool = param(False, "the partition has GPUs; false refuses gpus_per_node > 0")
+    partition: str | None = param(None, "SLURM partition (sbatch --partition); null: default")
+    account: str | None = param(None, "SLURM account; read it from $SLURM_ACCOUNT")
+    qos: str | None = param(None, "SLURM quality of service; read it from $SLURM_QOS")
+    nodes: int = param(1, "nodes per job", ge=1)
+    tasks_per_node: int = param(1, "tasks (processes) per node; every task runs the job", ge=1)
+    gpus_per_node: int = param(0, "GPUs per node (0: none asked)", ge=0)
+    cpus_per_task: int | None = param(None, "CPUs per task; null: the cluster default", gt=0)
+    mem_gb: int | None = param(None, "memory per node in GB; null: the cluster default", gt=0)
+    timeout_min: int = param(60, "wall-clock limit of a job in minutes", gt=0)
+    setup: list[str] = param(
+        default_factory=list, help="shell lines run before the job (module loads, venv activation)"
+    )
+    array_parallelism: int = param(256, "most jobs of a sweep running at once", gt=0)
+    max_num_timeout: int = param(0, "requeues allowed after a time limit or preemption", ge=0)
+    signal_delay_s: int = param(120, "seconds between the USR2 signal and the time limit", ge=0)
+
+
+def profile_names(extra_config_dirs: Sequence[str] = ()) -> list[str]:
+    """Every profile found in the packaged tree and the user's config folders."""
+    return sorted({p.stem for d in _dirs(extra_config_dirs) for p in d.glob("*.yaml")})
+
+
+def load_profile(
+    name: str, overrides: Sequence[str] = (), extra_config_dirs: Sequence[str] = ()
+) -> tuple[LauncherProfile | None, list[Problem]]:
+    """Load, adjust and check the profile ``name``.
+
+    Args:
+        name: the file stem under ``launcher/``.
+        overrides: ``launcher.<key>=<value>`` adjustments from the command line.
+        extra_config_dirs: user folders (``--config-dir``) searched before the packaged tree.
+
+    Returns:
+        ``(profile, [])`` or ``(None, every problem)``, each naming ``launcher.<key>``.
+
+    """
+    path = next(
+        (d / f"{name}.yaml" for d in _dirs(extra_config_dirs) if (d / f"{name}.yaml").is_file()),
+        None,
+    )
+    if path is None:
+        known = ", ".join(profile_names(extra_config_dirs))
+        return None, [
+            Problem(
+                GROUP,
+                f"no cluster profile {name!r}",
+                f"choose one of: {known}, or add launcher/{name}.yaml to a --config-dir folder",
+            )
+        ]
+    node = OmegaConf.load(path)
+    problems = [p for o in overrides if (p := _apply(node, o)) is not None]
+    problems += _field_problems(node)
+    # The cross checks still run on the good fields (a bad one falls back to its default), so
+    # that one pass reports everything.
+    bad = {p.key.removeprefix(f"{GROUP}.") for p in problems}
+    good = {k: node[k] for k in node if k not in bad}
+    profile = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(LauncherProfile), good))
+    problems += cross_problems(profile)
+    return (None, problems) if problems else (profile, [])
+
+
+def cross_problems(profile: LauncherProfile) -> list[Problem]:
+    """Checks across fields, and the partition against ``sinfo`` when SLURM is installed."""
+    problems = []
+    if profile.gpus_per_node > 0 and not profile.gpu:
+        problems.append(
+            Problem(
+                f"{GROUP}.gpus_per_node",
+                f"asks for {profile.gpus_per_node} GPUs of a CPU-only profile (gpu: false)",
+                "set launcher.gpus_per_node=0, or pick a GPU profile (launcher=slurm_gpu_8x)",
+            )
+        )
+    if profile.kind == "submitit_slurm" and profile.signal_delay_s >= profile.timeout_min * 60:
+        problems.append(
+            Problem(
+                f"{GROUP}.signal_delay_s",
+                f"{profile.signal_delay_s} s is not shorter than the time limit "
+                f"({profile.timeout_min} min): the job would be signalled before it starts",
+                "give a signal delay well below launcher.timeout_min * 60",
+            )
+        )
+    known = slurm_partitions() if profile.kind == "submitit_slurm" else None
+    if known is not None and profile.partition is not None and profile.partition not in known:
+        problems.append(
+            Problem(
+                f"{GROUP}.partition",
+                f"no partition {profile.partition!r} on this cluster (sinfo lists "
+                f"{', '.join(sorted(known))})",
+                "set $SLURM_PARTITION or launcher.partition to one of those",
+            )
+        )
+    return problems
+
+
+def slurm_partitions() -> set[str] | None:
+    """The cluster's partitions from ``sinfo``; ``None`` when sinfo is absent or fails."""
+    sinfo = shutil.which("sinfo")
+    if sinfo is None:
+        return None
+    try:
+        res = subprocess.run(
+            [sinfo, "-h", "-o", "%R"], capture_output=True, text=True, timeout=15, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if res.returncode != 0:
+        return None
+    return {line.strip() for line in res.stdout.splitlines() if line.strip()}
+
+
+def hydra_overrides(name: str, profile: LauncherProfile) -> list[str]:
+    """Register ``profile`` as ``hydra/launcher=slca_<name>`` and return the override to use it."""
+    if profile.kind == "basic":
+        return []  # Hydra's default launcher
+    from hydra.core.config_store import ConfigStore
+    from hydra_plugins.hydra_submitit_launcher.config import LocalQueueConf, SlurmQueueConf
+
+    common = {
+        "timeout_min": profile.timeout_min,
+        "cpus_per_task": profile.cpus_per_task,
+        "gpus_per_node": profile.gpus_per_node or None,
+        "tasks_per_node": profile.tasks_per_node,
+        "mem_gb": profile.mem_gb,
+        "nodes": profile.nodes,
+    }
+    if profile.kind == "submitit_local":
+        node: object = LocalQueueConf(**common)
+    else:
+        node = SlurmQueueConf(
+            **common,
+            partition=profile.partition,
+            account=profile.account,
+            qos=profile.qos,
+            setup=list(profile.setup) or None,
+            array_parallelism=profile.array_parallelism,
+            max_num_timeout=profile.max_num_timeout,
+            signal_delay_s=profile.signal_delay_s,
+        )
+    ConfigStore.instance().store(group="hydra/launcher", name=f"slca_{name}", node=node)
+    return [f"hydra/launcher=slca_{name}"]
+
+
+def _dirs(extra_config_dirs: Sequence[str]) -> list[Path]:
+    return [Path(d) / GROUP for d in extra_config_dirs] + [CONFIG_DIR / GROUP]
+
+
+def _apply(node: DictConfig, override: str) -> Problem | None:
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    try:
+        (parsed,) = OverridesParser.create().parse_overrides([override])
+    except HydraException as err:
+        return Problem(override.split("=")[0], str(err).splitlines()[0], "fix the override")
+    leaf = parsed.key_or_group.removeprefix(f"{GROUP}.")
+    if leaf not in _fields():
+        return unknown_key_problem(parsed.key_or_group, LauncherProfile)
+    node[leaf] = parsed.value()
+    return None
+
+
+def _field_problems(node: DictConfig) -> list[Problem]:
+    """Unknown keys, wrong types and out-of-range values, each naming ``launcher.<key>``."""
+    problems = []
+    hints = typing.get_type_hints(LauncherProfile)
+    for leaf in node:
+        key = f"{GROUP}.{leaf}"
+        if leaf not in _fields():
+            problems.append(unknown_key_problem(key, LauncherProfile))
+            continue
+        try:
+            value = node[leaf]
+            OmegaConf.merge(OmegaConf.structured(LauncherProfile), {leaf: value})
+        except OmegaConfBaseException as err:
+            what = str(err).splitlines()[0]
+            hint = getattr(hints[leaf], "__name__", str(hints[leaf]))
+            problems.append(Problem(key, what, f"give {key} a value of the type {hint}"))
+            continue
+        found = (check := check_of(LauncherProfile, leaf)) and check.problem(value)
+        if found:
+            problems.append(Problem(key, found[0], found[1]))
+    return problems
+
+
+def _fields() -> set[str]:
+    return {f.name for f in dataclasses.fields(LauncherProfile)}
