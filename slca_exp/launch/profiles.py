@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import shutil
 import subprocess
+import sys
 import typing
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -28,6 +29,11 @@ from slca_exp.config.validate import Problem, unknown_key_problem
 KINDS = ("basic", "submitit_local", "submitit_slurm")
 GROUP = "launcher"
 DEFAULT = "local"
+
+# ``${slca.python_prefix:}`` in a profile: the environment (venv) of the Python that submits, as
+# an absolute path. Jobs start in the submission folder, where a relative ``.venv`` may not exist.
+if not OmegaConf.has_resolver("slca.python_prefix"):
+    OmegaConf.register_new_resolver("slca.python_prefix", lambda: sys.prefix)
 
 
 @dataclass

@@ -186,3 +186,14 @@ def test_launcher_submitit_local_still_runs_the_jobs(tmp_path):
     )
     assert res.returncode == 0, res.stdout + res.stderr
     assert len(list((tmp_path / "multirun" / ".submitit").rglob("*_result.pkl"))) == 2
+
+
+def test_slurm_profiles_activate_the_submitting_environment_by_absolute_path(monkeypatch):
+    monkeypatch.delenv("SLCA_EXP_VENV", raising=False)
+    for name in ("slurm_cpu", "slurm_gpu_8x", "slurm_gpu_4node"):
+        profile, problems = load_profile(name)
+        assert not problems
+        assert profile.setup[-1] == f"source {sys.prefix}/bin/activate"  # jobs start elsewhere
+    monkeypatch.setenv("SLCA_EXP_VENV", "/opt/envs/slca")
+    profile, _ = load_profile("slurm_cpu")
+    assert profile.setup[-1] == "source /opt/envs/slca/bin/activate"
