@@ -1,7 +1,6 @@
 """Cluster profiles, ready studies and the dry run, on CPU without SLURM."""
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -14,7 +13,6 @@ from slca_exp.launch.command import plan, study_names
 from slca_exp.launch.profiles import load_profile, profile_names
 
 REPO = Path(__file__).resolve().parents[2]
-EXE = str(Path(sys.executable).parent / "slca-exp")
 
 
 def test_the_repo_root_folders_are_the_packaged_ones():
@@ -154,38 +152,6 @@ def test_dry_run_of_a_cpu_profile_asks_for_no_gpus(tmp_path, monkeypatch, capsys
     assert "--gpus-per-node" not in script and "--array" not in script
     assert "#SBATCH --partition=cpu" in script and "#SBATCH --time=240" in script
     assert list(tmp_path.iterdir()) == []
-
-
-@pytest.mark.slow
-def test_launcher_submitit_local_still_runs_the_jobs(tmp_path):
-    env = {
-        **os.environ,
-        "SLCA_EXP_PLUGINS": "tests.tracking.synthetic_plugin",
-        "PYTHONPATH": str(REPO),
-        "SYNTH_STEPS": "2",
-    }
-    env.pop("MLFLOW_TRACKING_URI", None)
-    res = subprocess.run(
-        [
-            EXE,
-            "train",
-            "-m",
-            "launcher=submitit_local",
-            "launcher.timeout_min=5",
-            "seed=1,2",
-            "engine.name=synthetic",
-            "tracking.backends=[]",
-            f"tracking.root={tmp_path / 'out'}",
-            f"hydra.sweep.dir={tmp_path / 'multirun'}",
-        ],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert res.returncode == 0, res.stdout + res.stderr
-    assert len(list((tmp_path / "multirun" / ".submitit").rglob("*_result.pkl"))) == 2
 
 
 def test_slurm_profiles_activate_the_submitting_environment_by_absolute_path(monkeypatch):
