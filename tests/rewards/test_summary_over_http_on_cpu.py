@@ -4,9 +4,9 @@ import math
 
 import pytest
 
-from slca_exp.config.schema import JudgeConfig
 from slca_exp.judges import build_judge
 from slca_exp.rewards import HierRReward
+from tests.judges.test_llm_judge_on_cpu import config  # the judge tests' loopback settings
 from tests.services.fixtures import loopback, server  # noqa: F401
 
 from .rows import PARIS, row, tag, turn_break
@@ -16,16 +16,7 @@ GOOD = "<response_quality><reasoning>ok</reasoning><rating>excellent</rating></r
 
 
 def judge(server, tmp_path, **kw):  # noqa: F811
-    opts = dict(
-        backend="openai",
-        model="judge-model",
-        base_url=server.base_url,
-        timeout_s=0.3,
-        max_retries=2,
-        backoff_s=0.01,
-        cache_path=str(tmp_path / "cache.sqlite"),
-    )
-    return build_judge(JudgeConfig(**(opts | kw)))
+    return build_judge(config(server, tmp_path, **kw))
 
 
 def test_two_500s_then_an_answer_is_a_real_summary_score(server, tmp_path):  # noqa: F811
