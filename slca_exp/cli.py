@@ -113,6 +113,11 @@ def _train(rest: list[str]) -> int:
     if unfolded.study and not args.multirun:
         print(f"slca-exp: sweep={unfolded.study} is a sweep: add -m", file=sys.stderr)
         return EXIT_BAD_CONFIG
+    if unfolded.profile is not None and unfolded.profile.kind != "basic" and not args.multirun:
+        # Hydra runs a single job here whatever the launcher; a profile that submits makes the
+        # job a sweep of one, so `train launcher=slurm_cpu` goes to the cluster.
+        rest = ["-m", *rest]
+        args = _parse(rest)
     informational = args.help or args.hydra_help or args.shell_completion or args.info
     # With --config-path the primary config is not ours to pre-check; the task validates it.
     if not (informational or args.config_path):

@@ -9,6 +9,7 @@ refused run creates nothing: no output folder, no MLflow run.
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -20,6 +21,7 @@ from slca_exp.config.compose import CONFIG_DIR, CONFIG_NAME, compose_run, expand
 from slca_exp.config.schema import RunConfig
 from slca_exp.config.validate import ConfigError, validate
 from slca_exp.engines import ENGINES
+from slca_exp.launch.requeue import preemption_requeues
 from slca_exp.plugins import load_plugins
 from slca_exp.recipe import Recipe, build_recipe
 from slca_exp.registry import RegistryError
@@ -30,6 +32,10 @@ from slca_exp.tracking.redact import Redactor, install_log_redaction, redact_hyd
 
 EXIT_BAD_CONFIG = 2
 EXIT_TRACKING = 1
+
+
+class JobKilled(RuntimeError):
+    """A submitit job's run was stopped by a signal (``scancel``, a node going down)."""
 
 
 def prepare(cfg: DictConfig) -> tuple[RunConfig, Any, Recipe]:
@@ -61,7 +67,11 @@ def run(cfg: DictConfig) -> object:
     resume = resume_ids(config) if callable(resume_ids) else None
     tracker = build_tracker(config, recipe, redactor, resume=resume)
     params = OmegaConf.to_container(cfg, resolve=True)
-    with tracked_run(tracker, recipe, params):
+    # On SLURM, a time limit or a preemption checkpoints the engine, then requeues the job.
+    with (
+        preemption_requeues(checkpointable=callable(resume_ids)),
+        tracked_run(tracker, recipe, params),
+    ):
         result = engine.run(config, recipe, tracker)
     _where_to_look(config, tracker)
     return result
@@ -110,8 +120,14 @@ def main(cfg: DictConfig) -> object:
     except TrackingError as err:
         print(f"slca-exp: {err}", file=sys.stderr)
         sys.exit(EXIT_TRACKING)
-    except (RunKilled, KeyboardInterrupt):
+    except (RunKilled, KeyboardInterrupt) as err:
         print("slca-exp: run stopped by a signal; recorded as KILLED", file=sys.stderr)
+        if os.environ.get("SUBMITIT_EXECUTOR"):
+            # An exception is a result submitit records: the launching process learns at once
+            # that this job is over, even on a cluster whose accounting (sacct) says nothing.
+            raise JobKilled(
+                f"run stopped by a signal ({err or 'scancel'}); recorded as KILLED"
+            ) from None
         sys.exit(EXIT_KILLED)
 
 

@@ -183,6 +183,20 @@ class RunKilled(BaseException):
     """
 
 
+class RunPreempted(RunKilled):
+    """Raised in the main thread when SLURM announces a time limit or a preemption.
+
+    An engine that checkpoints treats it like :class:`RunKilled` (checkpoint, re-raise); the job
+    then requeues itself and the requeued job continues the same run (``slca_exp.launch.requeue``).
+    """
+
+
+def preempt_signal() -> signal.Signals:
+    """The signal SLURM sends before a time limit: submitit's (``$SUBMITIT_PREEMPT_SIGNAL``)."""
+    name = os.environ.get("SUBMITIT_PREEMPT_SIGNAL", "USR2").upper().removeprefix("SIG")
+    return signal.Signals[f"SIG{name}"]
+
+
 @contextmanager
 def tracked_run(tracker: Tracker, recipe: Recipe, params: Mapping[str, Any]) -> Iterator[Tracker]:
     """Start ``tracker``, yield it, and always finish it with the right status.
@@ -194,7 +208,7 @@ def tracked_run(tracker: Tracker, recipe: Recipe, params: Mapping[str, Any]) -> 
     if _in_main_thread():
         previous = signal.signal(signal.SIGTERM, _raise_killed)
     try:
-        with sigterm_deferred():
+        with signals_deferred():
             tracker.start(recipe, params)
         try:
             yield tracker
@@ -211,22 +225,25 @@ def tracked_run(tracker: Tracker, recipe: Recipe, params: Mapping[str, Any]) -> 
 
 
 @contextmanager
-def sigterm_deferred() -> Iterator[None]:
-    """Hold SIGTERM back for the duration of the block (a write that must not be cut in half).
+def signals_deferred() -> Iterator[None]:
+    """Hold SIGTERM and the preemption signal back for the block (work that must not be cut).
 
-    A SIGTERM that arrives meanwhile is delivered when the block ends, so :func:`tracked_run`
+    A signal that arrives meanwhile is delivered when the block ends, so :func:`tracked_run`
     still closes the run KILLED, but never in the middle of a store transaction (a SQLAlchemy
     session interrupted mid-commit refuses every later call, including the one that closes the
-    run). Outside the main thread, where signals are not delivered, it does nothing.
+    run) nor between a step's update, its metrics and its checkpoint (a resumed run would log a
+    step twice or restart from half an update). Outside the main thread, where signals are not
+    delivered, it does nothing. Blocks nest: an inner one leaves the outer one's mask alone.
     """
     if not _in_main_thread():
         yield
         return
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    wanted = {signal.SIGTERM, preempt_signal()}
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, wanted)
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, wanted - set(previous))
 
 
 def _raise_killed(signum: int, frame: object) -> None:

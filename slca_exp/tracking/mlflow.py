@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from slca_exp.tracking.base import Status, sigterm_deferred
+from slca_exp.tracking.base import Status, signals_deferred
 from slca_exp.tracking.redact import Redactor
 from slca_exp.tracking.spool import Spool, StepRecord
 
@@ -211,7 +211,7 @@ class MlflowTracker:
             self.spool.append(record)  # still in an outage: do not block the step on it
             return
         try:
-            with sigterm_deferred():
+            with signals_deferred():
                 if len(self.spool):
                     self.spool.replay(self._send)
                     print(f"slca-exp: MLflow at {self.uri} is back; spooled steps replayed")

@@ -36,7 +36,7 @@ from slca_exp.engines.local.update import rl_update
 from slca_exp.estimators import EstimatorParams, get_estimator
 from slca_exp.rewards import HierRReward
 from slca_exp.tracking import names
-from slca_exp.tracking.base import RunKilled
+from slca_exp.tracking.base import RunKilled, signals_deferred
 from slca_exp.tracking.mlflow import output_root
 
 
@@ -193,21 +193,27 @@ class _LocalRun:
                 packed.response_mask.cpu(), rolls.group, scored.scores, self.params
             )
             t3 = time.perf_counter()
-            self.model.train()
-            train_stats = rl_update(
-                self.model, reference, optimizer, packed, adv, rl, rollout.temperature
-            )
-            self.model.eval()
-            t4 = time.perf_counter()
-            metrics = {**scored.stats, **adv.stats, **train_stats, **_service_stats(rolls)}
-            metrics[names.PERF_STEP_S] = t4 - t0
-            metrics[names.PERF_TOKENS_PER_S] = sum(map(len, rolls.response_ids)) / max(
-                t4 - t0, 1e-9
-            )
-            metrics.update(_timing(rolls, t2 - t1, t3 - t2, t4 - t3))
-            self.tracker.log_metrics(metrics, step + 1)
-            _log_advantages(self.tracker, adv, step + 1)
-            self.state.step = step + 1
+            # From the update to the checkpoint a step is all or nothing: SIGTERM or SLURM's
+            # preemption signal waits until the step is recorded, so a resumed run neither
+            # repeats a logged step nor starts from half an update.
+            with signals_deferred():
+                self.model.train()
+                train_stats = rl_update(
+                    self.model, reference, optimizer, packed, adv, rl, rollout.temperature
+                )
+                self.model.eval()
+                t4 = time.perf_counter()
+                metrics = {**scored.stats, **adv.stats, **train_stats, **_service_stats(rolls)}
+                metrics[names.PERF_STEP_S] = t4 - t0
+                metrics[names.PERF_TOKENS_PER_S] = sum(map(len, rolls.response_ids)) / max(
+                    t4 - t0, 1e-9
+                )
+                metrics.update(_timing(rolls, t2 - t1, t3 - t2, t4 - t3))
+                self.tracker.log_metrics(metrics, step + 1)
+                _log_advantages(self.tracker, adv, step + 1)
+                self.state.step = step + 1
+                if self.state.step % self.engine.checkpoint_every == 0:
+                    save_checkpoint(self.folder, self.model, optimizer, self.state)
             last = metrics
             bar.update(
                 {
@@ -217,8 +223,6 @@ class _LocalRun:
                     "A_sum": metrics[names.adv("summary", "abs_mean")],
                 }
             )
-            if self.state.step % self.engine.checkpoint_every == 0:
-                save_checkpoint(self.folder, self.model, optimizer, self.state)
             every = self.engine.val_every
             if every and self.state.step % every == 0 and self.state.step < rl.steps:
                 self._validate(f"step{self.state.step}", self.state.step)

@@ -1,0 +1,89 @@
+"""The preemption signal goes through the run first, then to submitit's requeue (no SLURM here).
+
+The real thing (a SLURM time limit, a requeue, the same MLflow run continued) is in
+``test_slurm.py``; these tests pin the order of events with a stand-in for submitit's handler.
+"""
+
+import os
+import signal
+
+import pytest
+
+from slca_exp.launch.requeue import preemption_requeues, submitit_handler
+from slca_exp.tracking.base import RunKilled, RunPreempted, preempt_signal, signals_deferred
+
+
+class FakeSubmititHandler:
+    """Has submitit's method name, which is how the installed handler is recognised."""
+
+    def __init__(self):
+        self.calls = []
+
+    def checkpoint_and_try_requeue(self, signum, frame):
+        self.calls.append(signum)
+        raise SystemExit(-1)  # submitit requeues, then exits the process
+
+
+@pytest.fixture
+def submitit_job(monkeypatch):
+    monkeypatch.setenv("SUBMITIT_EXECUTOR", "slurm")
+    monkeypatch.setenv("SLURM_PROCID", "0")
+    monkeypatch.delenv("RANK", raising=False)
+    fake = FakeSubmititHandler()
+    previous = signal.signal(signal.SIGUSR2, fake.checkpoint_and_try_requeue)
+    yield fake
+    signal.signal(signal.SIGUSR2, previous)
+
+
+def test_the_engine_checkpoints_before_submitit_requeues(submitit_job):
+    events = []
+    with pytest.raises(SystemExit), preemption_requeues(checkpointable=True) as routed:
+        assert routed
+        try:
+            os.kill(os.getpid(), signal.SIGUSR2)
+            events.append("kept running")  # never: the signal raises at once
+        except RunKilled as err:  # an engine's handler: RunPreempted is a RunKilled
+            assert isinstance(err, RunPreempted)
+            events.append("checkpointed")
+            raise
+    assert events == ["checkpointed"]
+    assert submitit_job.calls == [signal.SIGUSR2]
+    # submitit's handler is back in place for whatever runs after the task
+    assert signal.getsignal(signal.SIGUSR2) == submitit_job.checkpoint_and_try_requeue
+
+
+def test_a_signal_during_a_recorded_step_waits_for_the_step(submitit_job):
+    events = []
+    with pytest.raises(SystemExit), preemption_requeues(checkpointable=True):
+        try:
+            with signals_deferred():
+                os.kill(os.getpid(), signal.SIGUSR2)
+                with signals_deferred():  # nested: the outer block still holds the signal
+                    events.append("update")
+                events.append("metrics and checkpoint")
+            events.append("next step")
+        except RunPreempted:
+            events.append("preempted")
+            raise
+    assert events == ["update", "metrics and checkpoint", "preempted"]
+
+
+def test_only_rank_0_of_a_checkpointable_submitit_job_routes_the_signal(
+    submitit_job, monkeypatch
+):
+    with preemption_requeues(checkpointable=False) as routed:
+        assert not routed
+    monkeypatch.setenv("SLURM_PROCID", "1")
+    with preemption_requeues(checkpointable=True) as routed:
+        assert not routed
+    assert signal.getsignal(signal.SIGUSR2) == submitit_job.checkpoint_and_try_requeue
+    monkeypatch.delenv("SUBMITIT_EXECUTOR")
+    assert submitit_handler(signal.SIGUSR2) is None
+
+
+def test_the_preemption_signal_follows_submitits_variable(monkeypatch):
+    assert preempt_signal() == signal.SIGUSR2
+    monkeypatch.setenv("SUBMITIT_PREEMPT_SIGNAL", "USR1")
+    assert preempt_signal() == signal.SIGUSR1
+    monkeypatch.setenv("SUBMITIT_PREEMPT_SIGNAL", "SIGTERM")
+    assert preempt_signal() == signal.SIGTERM

@@ -1,0 +1,184 @@
+"""Real jobs on a real SLURM (``.ci/slurm-up`` starts a one-node cluster on this host).
+
+Every job goes through the CLI as a user submits it: ``slca-exp train -m launcher=slurm_cpu``,
+hydra-submitit-launcher, sbatch, the job's own Python process on the node, MLflow.
+"""
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.usefixtures("slurm")]
+
+REPO = Path(__file__).resolve().parents[2]
+EXE = str(Path(sys.executable).parent / "slca-exp")
+SMALL = [  # the profile asks for 8 CPUs and 32 GB, more than this one node has
+    "launcher=slurm_cpu",
+    "launcher.cpus_per_task=1",
+    "launcher.mem_gb=2",
+]
+TINY_LOCAL = [  # the local engine at a size that runs a step in a fraction of a second
+    "data.rows=16",
+    "engine.sft.steps=5",
+    "engine.sft.batch_size=4",
+    "engine.val_rows=2",
+    "algorithm.group_size=2",
+    "engine.rollout.prompts_per_step=2",
+    "engine.rollout.max_turn_tokens=32",
+    "engine.rollout.max_response_tokens=96",
+    "engine.checkpoint_every=5",
+    "engine.progress=false",
+]
+
+
+def _env(**extra):
+    env = {**os.environ, "PYTHONPATH": str(REPO), **extra}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    return env
+
+
+def submit(tmp_path, *overrides, env=None, wait=True, timeout=300):
+    """``slca-exp train -m`` with the small SLURM profile; the sweep folder is ``multirun``."""
+    args = [
+        EXE,
+        "train",
+        "-m",
+        *SMALL,
+        *overrides,
+        f"tracking.root={tmp_path / 'out'}",
+        f"hydra.sweep.dir={tmp_path / 'multirun'}",
+    ]
+    kwargs = {"cwd": tmp_path, "env": env or _env(), "text": True}
+    if not wait:
+        return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, **kwargs)
+    return subprocess.run(args, capture_output=True, timeout=timeout, **kwargs)
+
+
+def mlflow_runs(tmp_path):
+    client = MlflowClient(f"sqlite:///{tmp_path / 'out' / 'mlflow.db'}")
+    runs = [r for e in client.search_experiments() for r in client.search_runs([e.experiment_id])]
+    parents = [r for r in runs if r.data.tags.get("slca.role") == "parent"]
+    children = [r for r in runs if r.data.tags.get("mlflow.parentRunId")]
+    return client, parents, children
+
+
+def job_ids(tmp_path):
+    """SLURM job ids (array elements as ``<array>_<i>``) in the sweep's submitit folder."""
+    folder = tmp_path / "multirun" / ".submitit"
+    return sorted(p.name for p in folder.iterdir() if p.is_dir()) if folder.is_dir() else []
+
+
+def logs(tmp_path):
+    return "\n".join(
+        p.read_text(errors="replace")
+        for p in sorted((tmp_path / "multirun" / ".submitit").rglob("*_log.*"))
+    )
+
+
+def test_a_2x2_sweep_is_one_array_job_with_a_parent_and_four_children(tmp_path):
+    res = submit(
+        tmp_path,
+        "algorithm=grpo,slca_grpo",
+        "reward.tool_weights.parallel=0.1,0.3",
+        "reward.normalize=true",
+        "engine.name=synthetic",
+        env=_env(SLCA_EXP_PLUGINS="tests.tracking.synthetic_plugin", SYNTH_STEPS="3"),
+    )
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    ids = job_ids(tmp_path)  # submitit's folders: the array job, then one per element
+    (array,) = {i.split("_")[0] for i in ids}
+    assert ids == [array, *(f"{array}_{k}" for k in range(4))]
+    (script,) = (tmp_path / "multirun" / ".submitit").rglob("*_submission.sh")
+    assert "#SBATCH --array=0-3%" in script.read_text()  # one array job of 4
+    _, parents, children = mlflow_runs(tmp_path)
+    assert len(parents) == 1 and parents[0].info.status == "FINISHED"
+    assert len(children) == 4 and all(r.info.status == "FINISHED" for r in children)
+    assert {r.data.tags["mlflow.parentRunId"] for r in children} == {parents[0].info.run_id}
+    swept = {
+        (r.data.params["algorithm.name"], r.data.params["reward.tool_weights.parallel"])
+        for r in children
+    }
+    assert len(swept) == 4
+    assert all("adv/tool/mean" in r.data.metrics for r in children)
+
+
+def test_a_time_limit_checkpoints_requeues_and_continues_the_same_run(tmp_path):
+    steps = 150
+    proc = submit(
+        tmp_path,
+        *TINY_LOCAL,
+        f"engine.rl.steps={steps}",
+        # SLURM's shortest limit is a minute; the signal comes 40 s before it, about 20 s in,
+        # in the middle of the RL steps.
+        "launcher.timeout_min=1",
+        "launcher.signal_delay_s=40",
+        wait=False,
+    )
+    released, deadline = 0, time.time() + 420
+    try:
+        while proc.poll() is None and time.time() < deadline:
+            time.sleep(2)
+            for job in job_ids(tmp_path):
+                res = subprocess.run(
+                    ["squeue", "-h", "-j", job, "-o", "%T %r"], capture_output=True, text=True
+                )
+                # SLURM holds a requeued job for two minutes (BeginTime); let it start now.
+                if res.stdout.split() == ["PENDING", "BeginTime"]:
+                    subprocess.run(["scontrol", "update", f"jobid={job}", "StartTime=now"])
+                    released += 1
+        out = proc.communicate(timeout=30)[0]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            for job in job_ids(tmp_path):
+                subprocess.run(["scancel", job])
+    assert proc.returncode == 0, out[-3000:]
+    text = logs(tmp_path)
+    assert "this job is timed-out" in text, text[-3000:]
+    assert "checkpointed at RL step" in text and "requeueing the job" in text
+    assert released >= 1
+    client, parents, children = mlflow_runs(tmp_path)
+    (run,) = children
+    assert run.info.status == "FINISHED" and run.data.tags.get("slca.resumed") == "true"
+    assert parents[0].info.status == "FINISHED"
+    history = [m.step for m in client.get_metric_history(run.info.run_id, "train/loss")]
+    assert sorted(history) == list(range(1, steps + 1))  # every step once, none repeated
+
+
+def test_scancel_leaves_the_run_killed_not_running(tmp_path):
+    proc = submit(
+        tmp_path,
+        "engine.name=synthetic",
+        env=_env(
+            SLCA_EXP_PLUGINS="tests.tracking.synthetic_plugin",
+            SYNTH_STEPS="300",
+            SYNTH_SLEEP_S="0.5",
+        ),
+        wait=False,
+    )
+    try:
+        deadline = time.time() + 120
+        while "step 2 logged" not in logs_or_empty(tmp_path) and time.time() < deadline:
+            assert proc.poll() is None, proc.communicate()[0][-3000:]
+            time.sleep(1)
+        (job,) = job_ids(tmp_path)[:1]
+        subprocess.run(["scancel", job], check=True)
+        out = proc.communicate(timeout=120)[0]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode != 0, out[-2000:]
+    _, parents, children = mlflow_runs(tmp_path)
+    (run,) = children
+    assert run.info.status == "KILLED"  # never left RUNNING
+    assert parents[0].info.status == "FAILED"
+
+
+def logs_or_empty(tmp_path):
+    folder = tmp_path / "multirun" / ".submitit"
+    return logs(tmp_path) if folder.is_dir() else ""
