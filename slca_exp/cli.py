@@ -22,7 +22,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-from slca_exp.config.compose import CONFIG_NAME, check_overrides, expand_sweeps
+from slca_exp.config.compose import CONFIG_NAME, compose_jobs, expand_sweeps
 from slca_exp.config.validate import ConfigError, Problem
 from slca_exp.plugins import load_plugins
 
@@ -83,9 +83,14 @@ def _unfold(rest: list[str]):  # noqa: ANN202 - (argparse.Namespace, list[str], 
     return args, rest, unfolded
 
 
-def _check(args, found: Sequence[Problem] = ()) -> int:  # noqa: ANN001 - argparse.Namespace
-    """Validate every job; print the problems (``found`` first) and return 0 (valid) or 2."""
-    jobs, problems = check_overrides(
+def _check(args, found: Sequence[Problem] = ()) -> tuple[int, list]:  # noqa: ANN001
+    """Validate every job; print the problems (``found`` first).
+
+    Returns:
+        ``(0, the jobs' composed configs)`` when every job is valid, else ``(2, [])``.
+
+    """
+    jobs, cfgs, problems = compose_jobs(
         args.overrides,
         config_name=args.config_name or CONFIG_NAME,
         extra_config_dirs=[args.config_dir] if args.config_dir else [],
@@ -93,13 +98,13 @@ def _check(args, found: Sequence[Problem] = ()) -> int:  # noqa: ANN001 - argpar
     problems = [*found, *problems]
     if problems:
         print(f"slca-exp: {ConfigError(problems)}", file=sys.stderr)
-        return EXIT_BAD_CONFIG
-    return 0 if jobs else EXIT_BAD_CONFIG
+        return EXIT_BAD_CONFIG, []
+    return (0, cfgs) if jobs else (EXIT_BAD_CONFIG, [])
 
 
 def _validate(rest: list[str]) -> int:
     args, _, unfolded = _unfold(rest)
-    status = _check(args, unfolded.problems)
+    status, _ = _check(args, unfolded.problems)
     if status == 0:
         jobs = len(expand_sweeps(args.overrides))
         print(f"slca-exp: the recipe is valid ({jobs} job{'s' if jobs != 1 else ''})")
@@ -120,8 +125,9 @@ def _train(rest: list[str]) -> int:
         args = _parse(rest)
     informational = args.help or args.hydra_help or args.shell_completion or args.info
     # With --config-path the primary config is not ours to pre-check; the task validates it.
+    cfgs: list = []
     if not (informational or args.config_path):
-        status = _check(args, unfolded.problems)
+        status, cfgs = _check(args, unfolded.problems)
         if status:
             return status
     elif unfolded.problems:
@@ -133,11 +139,7 @@ def _train(rest: list[str]) -> int:
     if not (informational or args.config_path or args.cfg or dry_run):
         # The recipe (data files, prompts) and the engine, for every job, before Hydra creates
         # an output folder or a tracker opens a run.
-        status = train.check_jobs(
-            args.overrides,
-            config_name=args.config_name or CONFIG_NAME,
-            extra_config_dirs=[args.config_dir] if args.config_dir else [],
-        )
+        status = train.check_jobs(cfgs)
         if status:
             return status
     if dry_run:

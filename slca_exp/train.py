@@ -17,7 +17,7 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from slca_exp.config.compose import CONFIG_DIR, CONFIG_NAME, compose_run, expand_sweeps
+from slca_exp.config.compose import CONFIG_DIR, CONFIG_NAME
 from slca_exp.config.schema import RunConfig
 from slca_exp.config.validate import ConfigError, validate
 from slca_exp.engines import ENGINES
@@ -93,16 +93,11 @@ def _where_to_look(config: RunConfig, tracker: object) -> None:
         )
 
 
-def check_jobs(
-    overrides: Sequence[str],
-    *,
-    config_name: str = CONFIG_NAME,
-    extra_config_dirs: Sequence[str] = (),
-) -> int:
-    """Prepare every job of a command line without running it; print why not. 0 or 2."""
+def check_jobs(cfgs: Sequence[DictConfig]) -> int:
+    """Prepare every job's composed config without running it; print why not. 0 or 2."""
     try:
-        for job in expand_sweeps(overrides):
-            prepare(compose_run(job, config_name=config_name, extra_config_dirs=extra_config_dirs))
+        for cfg in cfgs:
+            prepare(cfg)
     except (ConfigError, RegistryError) as err:
         _report(err)
         return EXIT_BAD_CONFIG

@@ -11,6 +11,7 @@ checked before any job starts.
 
 from __future__ import annotations
 
+import copy
 import typing
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -86,15 +87,38 @@ def check_overrides(
     A problem found in only some jobs of a sweep lists the swept overrides of every such job in
     its message, so that a refused sweep names each of its bad points.
     """
+    jobs, _, problems = compose_jobs(
+        overrides, config_name=config_name, extra_config_dirs=extra_config_dirs
+    )
+    return len(jobs), problems
+
+
+def compose_jobs(
+    overrides: Sequence[str],
+    *,
+    config_name: str = CONFIG_NAME,
+    extra_config_dirs: Sequence[str] = (),
+) -> tuple[list[list[str]], list[DictConfig], list[Problem]]:
+    """Expand sweeps, compose every job; ``(jobs, their configs, every problem)``.
+
+    The configs are returned only when there is no problem at all. Jobs that choose the same
+    config groups share one Hydra composition (a copy each, with their values applied): a grid
+    over weights or seeds composes once.
+    """
     try:
         jobs = expand_sweeps(overrides)
     except HydraException as err:
-        return 0, [Problem("<overrides>", _first_line(err), "fix the override syntax")]
+        return [], [], [Problem("<overrides>", _first_line(err), "fix the override syntax")]
     found: dict[Problem, list[list[str]]] = {}
+    cfgs: list[DictConfig] = []
+    cache: dict[tuple[str, ...], DictConfig | Problem] = {}
     with hydra_context():
         for job in jobs:
-            for problem in _compose(job, config_name, extra_config_dirs)[1]:
+            cfg, job_problems = _compose(job, config_name, extra_config_dirs, cache)
+            for problem in job_problems:
                 found.setdefault(problem, []).append(job)
+            if cfg is not None:
+                cfgs.append(cfg)
     problems = []
     for problem, where in found.items():
         if len(where) < len(jobs):  # only some jobs of the sweep: say which, all of them
@@ -105,7 +129,7 @@ def check_overrides(
                 problem.fix,
             )
         problems.append(problem)
-    return len(jobs), problems
+    return jobs, ([] if problems else cfgs), problems
 
 
 def expand_sweeps(overrides: Sequence[str]) -> list[list[str]]:
@@ -121,7 +145,10 @@ def expand_sweeps(overrides: Sequence[str]) -> list[list[str]]:
 
 
 def _compose(
-    overrides: list[str], config_name: str, extra_config_dirs: Sequence[str]
+    overrides: list[str],
+    config_name: str,
+    extra_config_dirs: Sequence[str],
+    cache: dict[tuple[str, ...], DictConfig | Problem] | None = None,
 ) -> tuple[DictConfig | None, list[Problem]]:
     try:
         parsed = OverridesParser.create().parse_overrides(overrides)
@@ -134,10 +161,18 @@ def _compose(
     if extra_config_dirs:
         dirs = ",".join(f"file://{Path(d).resolve()}" for d in extra_config_dirs)
         hydra_overrides.append(f"hydra.searchpath=[{dirs}]")
-    try:
-        cfg = compose(config_name=config_name, overrides=hydra_overrides)
-    except (HydraException, OmegaConfBaseException) as err:
-        return None, [_composition_problem(err, hydra_side)]
+    key = (config_name, *hydra_overrides)
+    composed = cache.get(key) if cache is not None else None
+    if composed is None:
+        try:
+            composed = compose(config_name=config_name, overrides=hydra_overrides)
+        except (HydraException, OmegaConfBaseException) as err:
+            composed = _composition_problem(err, hydra_side)
+        if cache is not None:
+            cache[key] = composed
+    if isinstance(composed, Problem):
+        return None, [composed]
+    cfg = copy.deepcopy(composed) if cache is not None else composed
     problems = [p for o in values if (p := _apply(cfg, o)) is not None]
     return cfg, problems + problems_of(cfg)
 

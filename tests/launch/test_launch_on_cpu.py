@@ -15,6 +15,15 @@ from slca_exp.launch.profiles import load_profile, profile_names
 REPO = Path(__file__).resolve().parents[2]
 
 
+@pytest.fixture(autouse=True)
+def _no_slurm_here(tmp_path_factory, monkeypatch):
+    """A ``sinfo`` that fails, first on PATH: these tests hold whether or not SLURM runs here."""
+    folder = tmp_path_factory.mktemp("no-slurm")
+    (folder / "sinfo").write_text("#!/bin/sh\nexit 1\n")
+    (folder / "sinfo").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{folder}{os.pathsep}{os.environ['PATH']}")
+
+
 def test_the_repo_root_folders_are_the_packaged_ones():
     assert (REPO / "launchers").resolve() == REPO / "slca_exp" / "conf" / "launcher"
     assert (REPO / "sweeps").resolve() == REPO / "slca_exp" / "conf" / "sweep"
