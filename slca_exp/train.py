@@ -56,8 +56,31 @@ def run(cfg: DictConfig) -> object:
     """Run one job: prepare, open the trackers, run the engine, close the trackers.
 
     The run ends FINISHED, FAILED (the engine raised) or KILLED (SIGTERM, Ctrl-C); never RUNNING.
+    In a multi-task submitit job every task prepares the job, then boots a Ray node
+    (:mod:`slca_exp.launch.cluster`); rank 0 runs the engine on the cluster, the other ranks
+    serve until it is done. A failure on any rank fails the job, naming that rank's log.
     """
-    config, engine, recipe = prepare(cfg)
+    from slca_exp.launch.cluster import TaskInfo, report_failure, serve
+
+    task = TaskInfo.from_env()
+    try:
+        prepared = prepare(cfg)
+    except BaseException as exc:
+        if task is not None and task.rank != 0:
+            report_failure(task, exc)  # rank 0 fails at once, with this task's log path
+        raise
+    if task is None:
+        return _run_prepared(cfg, *prepared)
+    return serve(task, lambda _cluster: _run_prepared(cfg, *prepared))
+
+
+def _run_prepared(
+    cfg: DictConfig,
+    config: RunConfig,
+    engine: Any,  # noqa: ANN401 - any registered engine
+    recipe: Recipe,
+) -> object:
+    """Open the trackers, run the engine, close the trackers (the run's status is final)."""
     redactor = Redactor.for_config(config)
     install_log_redaction(redactor)
     redact_hydra_output(redactor, *_hydra_output_dirs())
@@ -106,20 +129,28 @@ def check_jobs(cfgs: Sequence[DictConfig]) -> int:
 
 @hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name=CONFIG_NAME)
 def main(cfg: DictConfig) -> object:
-    """Hydra entry point; a refused run exits 2, a killed one 143, without a traceback."""
+    """Hydra entry point; a refused run exits 2, a killed one 143, without a traceback.
+
+    Inside a submitit job (every task of it) the error is raised instead of exiting: submitit
+    records an exception as the task's result, so the launching process learns at once that the
+    job is over, even on a cluster whose accounting (``sacct``) says nothing.
+    """
+    in_submitit = bool(os.environ.get("SUBMITIT_EXECUTOR"))
     try:
         return run(cfg)
     except (ConfigError, RegistryError) as err:
         _report(err)
+        if in_submitit:
+            raise
         sys.exit(EXIT_BAD_CONFIG)
     except TrackingError as err:
         print(f"slca-exp: {err}", file=sys.stderr)
+        if in_submitit:
+            raise
         sys.exit(EXIT_TRACKING)
     except (RunKilled, KeyboardInterrupt) as err:
         print("slca-exp: run stopped by a signal; recorded as KILLED", file=sys.stderr)
-        if os.environ.get("SUBMITIT_EXECUTOR"):
-            # An exception is a result submitit records: the launching process learns at once
-            # that this job is over, even on a cluster whose accounting (sacct) says nothing.
+        if in_submitit:
             raise JobKilled(
                 f"run stopped by a signal ({err or 'scancel'}); recorded as KILLED"
             ) from None

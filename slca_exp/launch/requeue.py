@@ -23,7 +23,7 @@ from contextlib import contextmanager
 from types import FrameType
 from typing import Any
 
-from slca_exp.tracking.base import RunPreempted, global_rank, preempt_signal
+from slca_exp.tracking.base import RunPreempted, deferrable, global_rank, preempt_signal
 
 Handler = Callable[[int, FrameType | None], Any]
 
@@ -57,6 +57,7 @@ def preemption_requeues(checkpointable: bool) -> Iterator[bool]:
         yield False
         return
 
+    @deferrable
     def _raise_preempted(received: int, frame: FrameType | None) -> None:
         signal.signal(received, signal.SIG_IGN)  # one checkpoint; more signals change nothing
         raise RunPreempted(f"received signal {signal.Signals(received).name}")

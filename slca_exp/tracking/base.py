@@ -12,7 +12,7 @@ import json
 import os
 import signal
 import tempfile
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
@@ -224,6 +224,13 @@ def tracked_run(tracker: Tracker, recipe: Recipe, params: Mapping[str, Any]) -> 
             signal.signal(signal.SIGTERM, previous)
 
 
+class _Deferral:
+    """Nesting depth of :func:`signals_deferred` and the signal that arrived meanwhile."""
+
+    depth = 0
+    pending: tuple[Callable[[int, object], None], int] | None = None
+
+
 @contextmanager
 def signals_deferred() -> Iterator[None]:
     """Hold SIGTERM and the preemption signal back for the block (work that must not be cut).
@@ -232,20 +239,45 @@ def signals_deferred() -> Iterator[None]:
     still closes the run KILLED, but never in the middle of a store transaction (a SQLAlchemy
     session interrupted mid-commit refuses every later call, including the one that closes the
     run) nor between a step's update, its metrics and its checkpoint (a resumed run would log a
-    step twice or restart from half an update). Outside the main thread, where signals are not
-    delivered, it does nothing. Blocks nest: an inner one leaves the outer one's mask alone.
+    step twice or restart from half an update). Blocks nest.
+
+    Two layers: the main thread's signal mask (for signals whose action is the default one),
+    and the handlers made with :func:`deferrable`, which only note a signal while a block is
+    open (the kernel may hand a process signal to any thread that does not block it, torch's
+    or MLflow's, and Python then runs the handler in the main thread at once, mask or not).
+    Outside the main thread, where Python runs no signal handler, it does nothing.
     """
     if not _in_main_thread():
         yield
         return
     wanted = {signal.SIGTERM, preempt_signal()}
     previous = signal.pthread_sigmask(signal.SIG_BLOCK, wanted)
+    _Deferral.depth += 1
     try:
         yield
     finally:
+        _Deferral.depth -= 1
         signal.pthread_sigmask(signal.SIG_UNBLOCK, wanted - set(previous))
+        if _Deferral.depth == 0 and _Deferral.pending is not None:
+            handler, signum = _Deferral.pending
+            _Deferral.pending = None
+            handler(signum, None)  # raises (RunKilled, RunPreempted)
 
 
+def deferrable(handler: Callable[[int, object], None]) -> Callable[[int, object], None]:
+    """``handler`` as a signal handler that waits for the open :func:`signals_deferred` block."""
+
+    def deferred_or_now(signum: int, frame: object) -> None:
+        if _Deferral.depth > 0:
+            if _Deferral.pending is None:  # the first signal wins; one is enough to stop
+                _Deferral.pending = (handler, signum)
+            return
+        handler(signum, frame)
+
+    return deferred_or_now
+
+
+@deferrable
 def _raise_killed(signum: int, frame: object) -> None:
     # Further SIGTERMs while the run is being closed would interrupt the close itself.
     signal.signal(signal.SIGTERM, signal.SIG_IGN)

@@ -6,6 +6,8 @@ The real thing (a SLURM time limit, a requeue, the same MLflow run continued) is
 
 import os
 import signal
+import threading
+import time
 
 import pytest
 
@@ -66,6 +68,30 @@ def test_a_signal_during_a_recorded_step_waits_for_the_step(submitit_job):
             events.append("preempted")
             raise
     assert events == ["update", "metrics and checkpoint", "preempted"]
+
+
+def test_a_signal_caught_by_another_thread_still_waits_for_the_step(submitit_job):
+    # The kernel hands a process signal to any thread that does not block it (torch's, MLflow's);
+    # Python then runs the handler in the main thread at once, whatever the main thread's mask.
+    stop = threading.Event()
+    other = threading.Thread(target=stop.wait, daemon=True)
+    other.start()
+    events = []
+    try:
+        with pytest.raises(SystemExit), preemption_requeues(checkpointable=True):
+            try:
+                with signals_deferred():
+                    signal.pthread_kill(other.ident, signal.SIGUSR2)
+                    time.sleep(0.2)  # the handler would have run by now
+                    events.append("step recorded")
+                events.append("next step")
+            except RunPreempted:
+                events.append("preempted")
+                raise
+    finally:
+        stop.set()
+        other.join()
+    assert events == ["step recorded", "preempted"]
 
 
 def test_only_rank_0_of_a_checkpointable_submitit_job_routes_the_signal(

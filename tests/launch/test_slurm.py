@@ -182,3 +182,46 @@ def test_scancel_leaves_the_run_killed_not_running(tmp_path):
 def logs_or_empty(tmp_path):
     folder = tmp_path / "multirun" / ".submitit"
     return logs(tmp_path) if folder.is_dir() else ""
+
+
+def test_a_two_task_job_boots_one_ray_cluster_that_rank_0_sees_whole(tmp_path):
+    res = submit(
+        tmp_path,
+        "launcher.tasks_per_node=2",  # two tasks on the one host: two Ray nodes side by side
+        "launcher.mem_gb=4",
+        "engine.name=synthetic",
+        env=_env(SLCA_EXP_PLUGINS="tests.tracking.synthetic_plugin", SYNTH_STEPS="3"),
+    )
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    (job,) = job_ids(tmp_path)
+    folder = tmp_path / "multirun" / ".submitit" / job
+    rank0 = (folder / f"{job}_0_log.err").read_text()
+    assert "Ray cluster up: 2/2 nodes" in rank0, rank0[-3000:]
+    assert (folder / f"{job}_1_log.err").is_file()
+    rendezvous = folder / f"ray-{job}"
+    assert {p.name for p in rendezvous.iterdir()} >= {"head.json", "head.done", "rank1.joined"}
+    _, parents, children = mlflow_runs(tmp_path)
+    (run,) = children  # only rank 0 records
+    assert run.info.status == "FINISHED" and parents[0].info.status == "FINISHED"
+
+
+def test_a_failure_on_rank_1_fails_the_job_with_rank_1s_log_path(tmp_path):
+    res = submit(
+        tmp_path,
+        "launcher.tasks_per_node=2",
+        "launcher.mem_gb=4",
+        "engine.name=synthetic",
+        env=_env(
+            SLCA_EXP_PLUGINS="tests.tracking.synthetic_plugin,tests.launch.fail_on_rank1",
+            SYNTH_STEPS="3",
+        ),
+    )
+    assert res.returncode != 0
+    (job,) = job_ids(tmp_path)
+    rank1_log = tmp_path / "multirun" / ".submitit" / job / f"{job}_1_log.err"
+    out = res.stdout + res.stderr
+    assert "rank 1" in out and str(rank1_log) in out, out[-3000:]
+    assert "deliberate failure on rank 1" in rank1_log.read_text()
+    _, parents, children = mlflow_runs(tmp_path)
+    assert parents[0].info.status == "FAILED"
+    assert all(r.info.status != "RUNNING" for r in children)

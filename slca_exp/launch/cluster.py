@@ -1,0 +1,1207 @@
+"""Ray inside a multi-task submitit job: every task boots a Ray node, rank 0 runs the engine.
+
+A submitit job with N tasks (``launcher.nodes`` x ``launcher.tasks_per_node``) runs the same
+function in every task (SLURM's ``srun``). :func:`serve` turns those N processes into one Ray
+cluster for the engine, which finds it through ``RAY_ADDRESS`` (verl's ``ray.init()`` does):
+
+1. :meth:`TaskInfo.from_env` reads the task's place in the job from SLURM's variables (or those
+   of submitit's local executor); it is ``None`` outside a submitit job and in a one-task job,
+   where there is nothing to boot.
+2. Rank 0 starts the head, ``ray start --head --block``, with the ports of :class:`Ports`
+   (derived from the job id and the local rank) and a temp dir of its own, and writes the
+   head's address into the rendezvous folder (``<submitit folder>/ray-<job id>``, shared by
+   every task of the job; ``ray-<job id>.r<n>`` after the n-th requeue).
+3. Every other rank waits for that address, joins with ``ray start --address=... --block`` and
+   writes ``rank<k>.joined``.
+4. Rank 0 waits until the N nodes are alive, runs one small task pinned to each of them (every
+   node must execute work), exports ``RAY_ADDRESS``, calls ``main`` with a :class:`ClusterInfo`,
+   then writes ``head.done`` (``head.failed`` when anything raised), waits a little for the
+   workers to leave and stops its node.
+5. A worker that sees ``head.done`` (or ``head.failed``) stops its node, writes ``rank<k>.left``
+   and returns ``None``: it exits cleanly when the head is done (and fails after
+   :data:`HEAD_LOST_S` when the head vanishes without a word).
+
+Failures: an exception on rank k > 0 is written to ``rank<k>.failed`` (JSON: rank, host, log,
+error) before it is re-raised; rank 0 turns the report into a :class:`ClusterError` naming the
+rank, its host and its log file, and so does a rank that never joins. :func:`report_failure`
+writes the same report for a failure before :func:`serve` (a config check on rank 1).
+
+Stopping: each ``ray start`` runs under a small supervisor (this module run with ``-m``), the
+leader of a session of its own, which gets SIGTERM when the task dies (Linux
+``PR_SET_PDEATHSIG``) and then stops every process of the node: its process group, then the
+processes marked with :data:`NODE_MARKER` that left it. Never ``ray stop``: it stops every Ray
+node of the host, the other ranks' and other users'. SIGTERM in the task raises
+:class:`~slca_exp.tracking.base.RunKilled`, so the nodes are stopped on the way out.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import math
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+PORT_RANGE = (20000, 32000)
+"""Ports of the Ray nodes, ``[low, high)``: under Linux's ephemeral range (32768-60999), so no
+outgoing connection of the host holds one of them by chance."""
+PORT_BLOCK = 500
+"""Ports per Ray node: the fixed ports (GCS, node manager, ...) then the worker ports."""
+WORKER_PORTS_OFFSET = 20
+"""Where the worker ports start in a node's block (the rest of the block is theirs)."""
+PORT_SLOTS = (PORT_RANGE[1] - PORT_RANGE[0]) // PORT_BLOCK
+"""Blocks in :data:`PORT_RANGE`: also the most tasks of one job on one host."""
+
+SOCKET_DIR_MAX = 43
+"""Longest temp dir Ray's unix sockets fit under: ``<temp dir>/session_<date>_<pid>/sockets/
+plasma_store`` adds about 64 characters and the kernel's limit is 107."""
+
+POLL_S = 0.25
+START_TIMEOUT_S = 120.0
+"""Longest wait for a ``ray start`` to answer (the head's GCS, a worker's node manager)."""
+PROBE_TIMEOUT_S = 120.0
+"""Longest wait for the probe tasks, one per node."""
+LEAVE_TIMEOUT_S = 30.0
+"""How long the head waits for the workers to stop their nodes before it stops its own."""
+ACK_TIMEOUT_S = 10.0
+"""How long a failing worker waits for the head to take its report in before exiting."""
+HEAD_LOST_S = 30.0
+"""How long a worker tolerates a head whose GCS does not answer before it gives up."""
+STOP_GRACE_S = 15.0
+"""SIGTERM to a node's process group, then SIGKILL after this many seconds."""
+
+HEAD_ADDRESS = "head.json"
+HEAD_DONE = "head.done"
+HEAD_FAILED = "head.failed"
+
+_ENV_NAMES: dict[str, dict[str, str]] = {
+    # submitit.slurm.slurm.SlurmJobEnvironment._env
+    "slurm": {
+        "job_id": "SLURM_JOB_ID",
+        "array_job_id": "SLURM_ARRAY_JOB_ID",
+        "array_task_id": "SLURM_ARRAY_TASK_ID",
+        "num_tasks": "SLURM_NTASKS",
+        "num_nodes": "SLURM_JOB_NUM_NODES",
+        "global_rank": "SLURM_PROCID",
+        "local_rank": "SLURM_LOCALID",
+    },
+    # submitit.local.local.LocalJobEnvironment._env
+    "local": {
+        "job_id": "SUBMITIT_LOCAL_JOB_ID",
+        "num_tasks": "SUBMITIT_LOCAL_NTASKS",
+        "num_nodes": "SUBMITIT_LOCAL_JOB_NUM_NODES",
+        "global_rank": "SUBMITIT_LOCAL_GLOBALID",
+        "local_rank": "SUBMITIT_LOCAL_LOCALID",
+    },
+}
+
+
+class ClusterError(RuntimeError):
+    """The Ray cluster of a job could not be booted, or one of its tasks failed."""
+
+
+@dataclass(frozen=True)
+class TaskInfo:
+    """One task of a multi-task submitit job: its place in the job and its resources."""
+
+    job_id: str
+    """submitit's job id: ``<SLURM_JOB_ID>``, or ``<array job id>_<array task id>``."""
+    rank: int
+    """Global rank (``SLURM_PROCID``); rank 0 runs the head and the engine."""
+    local_rank: int
+    """Rank among the tasks of this host (``SLURM_LOCALID``); picks the port block."""
+    world_size: int
+    """Tasks in the job, hence Ray nodes in the cluster."""
+    num_nodes: int
+    """Hosts in the job."""
+    tasks_per_node: int
+    """Tasks on this host (they share its GPUs and its memory)."""
+    head_host: str
+    """The first host of the job (where rank 0 runs)."""
+    host: str
+    """This host."""
+    folder: Path
+    """The submitit job folder (shared by every task; the logs are there)."""
+    rendezvous: Path
+    """Where the tasks leave their reports: ``<folder>/ray-<job id>`` (``.r<n>`` after the
+    n-th requeue of the job)."""
+    log: str
+    """This task's log file (submitit's ``<job id>_<rank>_log.err``, or ``.out``)."""
+    cpus: int | None = None
+    """CPUs of this task (``SLURM_CPUS_PER_TASK``), when known."""
+    mem_mb: int | None = None
+    """Memory of this task in MB (``SLURM_MEM_PER_NODE`` / tasks on the host, or
+    ``SLURM_MEM_PER_CPU`` x cpus), when known."""
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> TaskInfo | None:
+        """Read the task from submitit's and SLURM's environment variables.
+
+        Args:
+            environ: the variables; ``os.environ`` when ``None``.
+
+        Returns:
+            The task, or ``None`` outside a submitit job (no ``SUBMITIT_EXECUTOR`` of
+            ``slurm`` or ``local``) and in a one-task job (there is no cluster to boot).
+
+        Raises:
+            ClusterError: a multi-task job without ``SUBMITIT_FOLDER`` (no shared folder to meet
+                in), or with a rank that does not parse.
+
+        """
+        env = os.environ if environ is None else environ
+        executor = env.get("SUBMITIT_EXECUTOR", "")
+        names = _ENV_NAMES.get(executor)
+        if names is None or not env.get(names["job_id"]):
+            return None
+        try:
+            world_size = _env_int(env, names["num_tasks"]) or 1
+            if world_size <= 1:
+                return None
+            rank = _env_int(env, names["global_rank"]) or 0
+            local_rank = _env_int(env, names["local_rank"]) or 0
+            num_nodes = _env_int(env, names["num_nodes"]) or 1
+        except ValueError as exc:
+            raise ClusterError(f"cannot read this task's place in the job: {exc}") from None
+        job_id = env[names["job_id"]]
+        array_job = env.get(names.get("array_job_id", ""), "")
+        array_task = env.get(names.get("array_task_id", ""), "")
+        if array_job and array_task:
+            job_id = f"{array_job}_{array_task}"
+        raw_folder = env.get("SUBMITIT_FOLDER", "")
+        if not raw_folder:
+            raise ClusterError(
+                f"task {rank} of a {world_size}-task job has no SUBMITIT_FOLDER: the tasks "
+                "cannot meet to boot Ray (run the job through submitit)"
+            )
+        from submitit.core.utils import JobPaths
+
+        folder = JobPaths(raw_folder, job_id=job_id).folder
+        restart = _env_int(env, "SLURM_RESTART_COUNT", lenient=True) or 0
+        hosts = _hosts(env) if executor == "slurm" else []
+        host = env.get("SLURMD_NODENAME") or socket.gethostname()
+        tasks_per_node = _tasks_per_node(env, world_size, num_nodes)
+        cpus = _env_int(env, "SLURM_CPUS_PER_TASK", lenient=True)
+        mem_mb = _mem_per_task_mb(env, tasks_per_node, cpus)
+        return cls(
+            job_id=job_id,
+            rank=rank,
+            local_rank=local_rank,
+            world_size=world_size,
+            num_nodes=num_nodes,
+            tasks_per_node=tasks_per_node,
+            head_host=hosts[0] if hosts else host,
+            host=host,
+            folder=folder,
+            rendezvous=folder / f"ray-{job_id}{f'.r{restart}' if restart else ''}",
+            log=log_path(folder, job_id, rank),
+            cpus=cpus,
+            mem_mb=mem_mb,
+        )
+
+    def log_of(self, rank: int) -> str:
+        """The log file of task ``rank`` of this job (see :func:`log_path`)."""
+        return log_path(self.folder, self.job_id, rank)
+
+
+@dataclass(frozen=True)
+class Ports:
+    """The ports of one Ray node, a block of :data:`PORT_BLOCK` derived from the job id.
+
+    The block of local rank ``r`` is slot ``(h + r) % PORT_SLOTS`` of :data:`PORT_RANGE`, where
+    ``h`` is a hash of the job id: the tasks of one job on one host get distinct blocks, and
+    every task computes the head's GCS port from the job id alone (the head is rank 0, local
+    rank 0). Two jobs on one host share a block with probability ``1 / PORT_SLOTS``; the node
+    then refuses to start with a :class:`ClusterError` naming the port.
+    """
+
+    gcs: int
+    node_manager: int
+    object_manager: int
+    dashboard: int
+    dashboard_agent_grpc: int
+    dashboard_agent_listen: int
+    metrics_export: int
+    runtime_env_agent: int
+    ray_client_server: int
+    min_worker: int
+    max_worker: int
+
+    @classmethod
+    def for_node(cls, job_id: str, local_rank: int = 0) -> Ports:
+        """The ports of the Ray node of task ``local_rank`` (on its host) of job ``job_id``.
+
+        Raises:
+            ValueError: ``local_rank`` is negative or not under :data:`PORT_SLOTS`.
+
+        """
+        if not 0 <= local_rank < PORT_SLOTS:
+            raise ValueError(f"local rank {local_rank} is outside 0..{PORT_SLOTS - 1}")
+        digest = hashlib.sha256(str(job_id).encode()).digest()
+        slot = (int.from_bytes(digest[:8], "big") + local_rank) % PORT_SLOTS
+        base = PORT_RANGE[0] + slot * PORT_BLOCK
+        return cls(
+            gcs=base,
+            node_manager=base + 1,
+            object_manager=base + 2,
+            dashboard=base + 3,
+            dashboard_agent_grpc=base + 4,
+            dashboard_agent_listen=base + 5,
+            metrics_export=base + 6,
+            runtime_env_agent=base + 7,
+            ray_client_server=base + 8,
+            min_worker=base + WORKER_PORTS_OFFSET,
+            max_worker=base + PORT_BLOCK - 1,
+        )
+
+    @classmethod
+    def head_gcs_port(cls, job_id: str) -> int:
+        """The head's GCS port, which every task of the job derives from the job id."""
+        return cls.for_node(job_id, 0).gcs
+
+    def fixed(self, *, head: bool) -> dict[str, int]:
+        """Name -> port of the single ports a node listens on (GCS, dashboard: head only)."""
+        named = {f.name: getattr(self, f.name) for f in fields(self)}
+        del named["min_worker"], named["max_worker"]
+        if not head:
+            for name in ("gcs", "dashboard", "ray_client_server"):
+                del named[name]
+        return named
+
+    def ray_start_args(self, *, head: bool) -> list[str]:
+        """The ``ray start`` options that pin a node's ports."""
+        args = [
+            f"--node-manager-port={self.node_manager}",
+            f"--object-manager-port={self.object_manager}",
+            f"--dashboard-agent-grpc-port={self.dashboard_agent_grpc}",
+            f"--dashboard-agent-listen-port={self.dashboard_agent_listen}",
+            f"--metrics-export-port={self.metrics_export}",
+            f"--runtime-env-agent-port={self.runtime_env_agent}",
+            f"--min-worker-port={self.min_worker}",
+            f"--max-worker-port={self.max_worker}",
+        ]
+        if head:
+            args += [
+                f"--port={self.gcs}",
+                f"--dashboard-port={self.dashboard}",
+                f"--ray-client-server-port={self.ray_client_server}",
+            ]
+        return args
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    """One alive node of the cluster, as Ray lists it and as its probe task saw it."""
+
+    node_id: str
+    rank: int | None
+    """The task that runs the node (``None`` when it cannot be told)."""
+    ip: str
+    node_manager_port: int
+    temp_dir: str
+    hostname: str
+    """``socket.gethostname()`` in the probe task that ran on the node."""
+    probe_pid: int
+    """The process id of the Ray worker that ran the probe task."""
+    resources: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ClusterInfo:
+    """The cluster that :func:`serve` hands to ``main`` on rank 0."""
+
+    address: str
+    """``<ip>:<GCS port>`` of the head, also in ``RAY_ADDRESS`` while ``main`` runs."""
+    task: TaskInfo
+    nodes: tuple[NodeInfo, ...]
+    """Every node, the head's first, then by rank."""
+
+
+def log_path(folder: str | Path, job_id: str, rank: int) -> str:
+    """The log file of task ``rank``: submitit's ``<job id>_<rank>_log.err``.
+
+    The ``.out`` file when only it exists (``stderr_to_stdout``); the ``.err`` path when neither
+    exists yet.
+    """
+    from submitit.core.utils import JobPaths
+
+    paths = JobPaths(folder, job_id=job_id, task_id=rank)
+    if paths.stderr.exists() or not paths.stdout.exists():
+        return str(paths.stderr)
+    return str(paths.stdout)
+
+
+def default_temp_root() -> Path:
+    """Where the Ray nodes' temp dirs go: ``/tmp/slca-ray-<uid>`` (short: unix sockets)."""
+    return Path("/tmp") / f"slca-ray-{os.getuid()}"
+
+
+def temp_dir_of(task: TaskInfo, temp_root: str | Path | None = None) -> Path:
+    """The temp dir of the Ray node of ``task``: ``<temp root>/<job id>-<rank>``."""
+    root = default_temp_root() if temp_root is None else Path(temp_root)
+    return root / f"{task.job_id}-{task.rank}"
+
+
+def report_failure(task: TaskInfo, exc: BaseException) -> None:
+    """Tell the other tasks that this one failed, so that rank 0 fails fast with its log path.
+
+    :func:`serve` does it for the failures inside it; call it for a failure before
+    :func:`serve` (a config check that fails on rank 1 only). Rank 0's report
+    (``head.failed``) makes the workers stop. Never raises: a report that cannot be written is
+    only mentioned on stderr.
+
+    Args:
+        task: this task.
+        exc: what went wrong (its type and message are reported).
+
+    """
+    name = HEAD_FAILED if task.rank == 0 else f"rank{task.rank}.failed"
+    report = {
+        "rank": task.rank,
+        "host": task.host,
+        "log": task.log,
+        "error": f"{type(exc).__name__}: {exc}",
+    }
+    try:
+        task.rendezvous.mkdir(parents=True, exist_ok=True)
+        _write_json(task.rendezvous / name, report)
+    except OSError as write_error:
+        print(f"slca-exp: cannot report the failure of rank {task.rank}: {write_error}",
+              file=sys.stderr, flush=True)  # fmt: skip
+
+
+def serve(
+    task: TaskInfo,
+    main: Callable[[ClusterInfo], T],
+    *,
+    join_timeout_s: float = 300.0,
+    temp_root: str | Path | None = None,
+) -> T | None:
+    """Boot this task's Ray node; on rank 0 run ``main`` on the whole cluster, then stop it.
+
+    Args:
+        task: this task (:meth:`TaskInfo.from_env`).
+        main: what rank 0 runs once every node has joined (it may call ``ray.init()``, which
+            joins the cluster through ``RAY_ADDRESS``).
+        join_timeout_s: how long rank 0 waits for the other nodes once its own is up (the
+            workers wait as long, plus the head's start, for the head).
+        temp_root: where the nodes' temp dirs go (:func:`default_temp_root` when ``None``).
+
+    Returns:
+        ``main``'s result on rank 0; ``None`` on the other ranks, once the head is done.
+
+    Raises:
+        ClusterError: the cluster could not be booted, or another rank failed (the message
+            names it, its host and its log file).
+        RunKilled: SIGTERM (from :mod:`slca_exp.tracking.base`), after the node is stopped.
+
+    """
+    temp_dir = temp_dir_of(task, temp_root)
+    with _sigterm_raises():
+        if task.rank == 0:
+            return _serve_head(task, main, join_timeout_s, temp_dir)
+        _serve_worker(task, join_timeout_s, temp_dir)
+        return None
+
+
+# -- rank 0 ---------------------------------------------------------------------------------
+
+
+def _serve_head(
+    task: TaskInfo, main: Callable[[ClusterInfo], T], join_timeout_s: float, temp_dir: Path
+) -> T:
+    rendezvous = task.rendezvous
+    node: _RayNode | None = None
+    previous_address = os.environ.get("RAY_ADDRESS")
+    done = False
+    try:
+        rendezvous.mkdir(parents=True, exist_ok=True)
+        import ray
+        from ray.util import get_node_ip_address
+
+        ip = get_node_ip_address()
+        ports = Ports.for_node(task.job_id, task.local_rank)
+        address = f"{ip}:{ports.gcs}"
+        node = _RayNode.start(task, ports, ip, temp_dir, head_address=None)
+        _wait_until(
+            lambda: _tcp_open(ip, ports.gcs),
+            START_TIMEOUT_S,
+            f"the head's GCS at {address} did not answer within {START_TIMEOUT_S:.0f} s; "
+            f"see {task.log}",
+            checks=(node.check, lambda: _raise_reported(task)),
+        )
+        _write_json(rendezvous / HEAD_ADDRESS, {"address": address, "host": task.host})
+        handler = signal.getsignal(signal.SIGTERM)
+        ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
+        try:
+            alive = _wait_for_nodes(task, node, join_timeout_s)
+            nodes = _probe(task, alive, ip, ports)
+        finally:
+            ray.shutdown()
+            if _in_main_thread() and handler is not None:
+                signal.signal(signal.SIGTERM, handler)  # ray.init replaces it
+        info = ClusterInfo(address=address, task=task, nodes=nodes)
+        print(
+            f"slca-exp: Ray cluster up: {len(nodes)}/{task.world_size} nodes (head {address})",
+            file=sys.stderr,
+            flush=True,
+        )
+        os.environ["RAY_ADDRESS"] = address
+        result = main(info)
+        done = True
+        return result
+    except BaseException as exc:
+        report_failure(task, exc)
+        failures = _reported_failures(task)
+        if failures and not isinstance(exc, ClusterError):
+            raise ClusterError(_describe(failures)) from exc
+        raise
+    finally:
+        with _sigterm_held():
+            _restore_env("RAY_ADDRESS", previous_address)
+            _disconnect_driver()
+            if done:
+                _write_json(rendezvous / HEAD_DONE, {"host": task.host})
+            if node is not None:
+                _wait_for_workers_to_leave(task)
+                node.stop(remove_temp_dir=done)
+
+
+def _wait_for_nodes(task: TaskInfo, node: _RayNode, join_timeout_s: float) -> list[dict]:
+    import ray
+
+    deadline = time.monotonic() + join_timeout_s
+    while True:
+        _raise_reported(task)
+        node.check()
+        alive = [n for n in ray.nodes() if n.get("Alive")]
+        if len(alive) >= task.world_size:
+            return alive
+        if time.monotonic() > deadline:
+            up = {(n["NodeManagerAddress"], n["NodeManagerPort"]) for n in alive}
+            joined = _joined(task)
+            missing = [
+                k
+                for k in range(1, task.world_size)
+                if k not in joined or _node_key(joined[k]) not in up
+            ]
+            detail = ", ".join(f"rank {k} (its log: {task.log_of(k)})" for k in missing)
+            raise ClusterError(
+                f"only {len(alive)}/{task.world_size} Ray nodes joined within "
+                f"{join_timeout_s:g} s; missing: {detail}"
+            )
+        time.sleep(POLL_S)
+
+
+def _probe(task: TaskInfo, alive: list[dict], head_ip: str, ports: Ports) -> tuple[NodeInfo, ...]:
+    """Run one task pinned to every node; every node must execute work."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    @ray.remote(num_cpus=0, max_retries=0)
+    def probe() -> dict[str, Any]:
+        import os
+        import socket
+
+        import ray
+
+        return {
+            "hostname": socket.gethostname(),
+            "pid": os.getpid(),
+            "node_id": ray.get_runtime_context().get_node_id(),
+        }
+
+    refs = {
+        probe.options(
+            scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)
+        ).remote(): n
+        for n in alive
+    }
+    pending = list(refs)
+    deadline = time.monotonic() + PROBE_TIMEOUT_S
+    while pending:
+        _raise_reported(task)
+        _, pending = ray.wait(pending, num_returns=len(pending), timeout=POLL_S)
+        if pending and time.monotonic() > deadline:
+            late = ", ".join(refs[ref]["NodeManagerAddress"] for ref in pending)
+            raise ClusterError(
+                f"Ray nodes at {late} ran no task within {PROBE_TIMEOUT_S:.0f} s (see {task.log})"
+            )
+    ranks = {_node_key(j): k for k, j in _joined(task).items()}
+    ranks[(head_ip, ports.node_manager)] = 0
+    nodes = []
+    for ref, n in refs.items():
+        seen = ray.get(ref)
+        if seen["node_id"] != n["NodeID"]:
+            raise ClusterError(f"the probe for node {n['NodeID']} ran on {seen['node_id']}")
+        raylet = Path(n.get("RayletSocketName", ""))
+        nodes.append(
+            NodeInfo(
+                node_id=n["NodeID"],
+                rank=ranks.get((n["NodeManagerAddress"], n["NodeManagerPort"])),
+                ip=n["NodeManagerAddress"],
+                node_manager_port=int(n["NodeManagerPort"]),
+                temp_dir=str(raylet.parents[2]) if len(raylet.parts) > 3 else "",
+                hostname=seen["hostname"],
+                probe_pid=int(seen["pid"]),
+                resources={k: float(v) for k, v in n.get("Resources", {}).items()},
+            )
+        )
+    return tuple(sorted(nodes, key=lambda n: (n.rank is None, n.rank or 0)))
+
+
+def _wait_for_workers_to_leave(task: TaskInfo) -> None:
+    """Let the workers stop their nodes while the head still answers (a clean unregister)."""
+    deadline = time.monotonic() + LEAVE_TIMEOUT_S
+    while time.monotonic() < deadline:
+        present = _present(task)
+        gone = set(_ranks_with(task, "left", present)) | set(_ranks_with(task, "failed", present))
+        if set(_ranks_with(task, "joined", present)) <= gone:
+            return
+        time.sleep(POLL_S)
+
+
+def _disconnect_driver() -> None:
+    """Close a driver connection ``main`` left open: it would outlive the cluster."""
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        with contextlib.suppress(Exception):
+            ray.shutdown()
+
+
+# -- rank k > 0 -----------------------------------------------------------------------------
+
+
+def _serve_worker(task: TaskInfo, join_timeout_s: float, temp_dir: Path) -> None:
+    rendezvous = task.rendezvous
+    node: _RayNode | None = None
+    left_cleanly = False
+    try:
+        rendezvous.mkdir(parents=True, exist_ok=True)
+        address = _wait_for_head(task, START_TIMEOUT_S + join_timeout_s)
+        if address is None:
+            return
+        head_ip, head_port = address.rsplit(":", 1)
+        _wait_until(
+            lambda: _tcp_open(head_ip, int(head_port)),
+            START_TIMEOUT_S,
+            f"the head's GCS at {address} did not answer within {START_TIMEOUT_S:.0f} s; "
+            f"its log: {task.log_of(0)}",
+            checks=(lambda: _raise_if_head_failed(task),),
+        )
+        ports = Ports.for_node(task.job_id, task.local_rank)
+        ip = _ip_towards(head_ip)
+        node = _RayNode.start(task, ports, ip, temp_dir, head_address=address)
+        _wait_until(
+            lambda: _tcp_open(ip, ports.node_manager),
+            START_TIMEOUT_S,
+            f"this node's raylet (port {ports.node_manager}) did not answer within "
+            f"{START_TIMEOUT_S:.0f} s",
+            checks=(node.check, lambda: _raise_if_head_failed(task)),
+        )
+        _write_json(
+            rendezvous / f"rank{task.rank}.joined",
+            {
+                "rank": task.rank,
+                "host": task.host,
+                "ip": ip,
+                "node_manager_port": ports.node_manager,
+                "log": task.log,
+                "temp_dir": str(temp_dir),
+            },
+        )
+        print(f"slca-exp: rank {task.rank} joined the Ray cluster at {address}",
+              file=sys.stderr, flush=True)  # fmt: skip
+        _wait_for_head_end(task, node, head_ip, int(head_port))
+    except _HeadFailed as stop:
+        print(f"slca-exp: rank {task.rank} stops: {stop}", file=sys.stderr, flush=True)
+        left_cleanly = True
+    except BaseException as exc:
+        report_failure(task, exc)
+        with _sigterm_held():
+            # Give the head time to read the report (srun --kill-on-bad-exit would stop it).
+            _wait_until(
+                lambda: bool(_present(task) & {HEAD_FAILED, HEAD_DONE}),
+                ACK_TIMEOUT_S,
+                "",
+                quiet=True,
+            )
+        raise
+    finally:
+        with _sigterm_held():
+            if node is not None:
+                node.stop(remove_temp_dir=left_cleanly)
+                with contextlib.suppress(OSError):
+                    _write_json(rendezvous / f"rank{task.rank}.left", {"host": task.host})
+
+
+class _HeadFailed(Exception):
+    """The head is done, or reported a failure: the worker leaves without failing itself."""
+
+
+def _raise_if_head_failed(task: TaskInfo) -> None:
+    present = _present(task)
+    if HEAD_FAILED in present:
+        report = _read_json(task.rendezvous / HEAD_FAILED) or {}
+        raise _HeadFailed(f"the head failed: {report.get('error', '?')}")
+    if HEAD_DONE in present:
+        raise _HeadFailed("the head is done")
+
+
+def _wait_for_head(task: TaskInfo, timeout_s: float) -> str | None:
+    """The head's address from the rendezvous folder; ``None`` if the head ended first."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            _raise_if_head_failed(task)
+        except _HeadFailed as stop:
+            print(f"slca-exp: rank {task.rank} stops: {stop}", file=sys.stderr, flush=True)
+            return None
+        head = _read_json(task.rendezvous / HEAD_ADDRESS)
+        if head is not None and head.get("address"):
+            return str(head["address"])
+        if time.monotonic() > deadline:
+            raise ClusterError(
+                f"the head (rank 0 on {task.head_host}) did not start Ray within "
+                f"{timeout_s:g} s; its log: {task.log_of(0)}"
+            )
+        time.sleep(POLL_S)
+
+
+def _wait_for_head_end(task: TaskInfo, node: _RayNode, head_ip: str, head_port: int) -> None:
+    """Raise :class:`_HeadFailed` once the head is done; ClusterError if it vanishes."""
+    lost_since: float | None = None
+    while True:
+        _raise_if_head_failed(task)  # _HeadFailed: the head is done, or failed
+        node.check()
+        if _tcp_open(head_ip, head_port):
+            lost_since = None
+        elif lost_since is None:
+            lost_since = time.monotonic()
+        elif time.monotonic() - lost_since > HEAD_LOST_S:
+            raise ClusterError(
+                f"the head's GCS at {head_ip}:{head_port} stopped answering for "
+                f"{HEAD_LOST_S:.0f} s without reporting; its log: {task.log_of(0)}"
+            )
+        time.sleep(POLL_S)
+
+
+# -- reports --------------------------------------------------------------------------------
+
+
+def _present(task: TaskInfo) -> set[str]:
+    """The names in the rendezvous folder (a listing: fresher than a lookup on NFS)."""
+    try:
+        return set(os.listdir(task.rendezvous))
+    except OSError:
+        return set()
+
+
+def _ranks_with(task: TaskInfo, suffix: str, present: set[str] | None = None) -> list[int]:
+    """The ranks k > 0 that left ``rank<k>.<suffix>``."""
+    present = _present(task) if present is None else present
+    return [k for k in range(1, task.world_size) if f"rank{k}.{suffix}" in present]
+
+
+def _joined(task: TaskInfo) -> dict[int, dict]:
+    found = {}
+    for k in _ranks_with(task, "joined"):
+        report = _read_json(task.rendezvous / f"rank{k}.joined")
+        if report is not None:
+            found[k] = report
+    return found
+
+
+def _node_key(joined: Mapping[str, Any]) -> tuple[Any, Any]:
+    """(ip, node manager port) of a ``rank<k>.joined`` report, as ``ray.nodes()`` has them."""
+    return joined.get("ip"), joined.get("node_manager_port")
+
+
+def _reported_failures(task: TaskInfo) -> list[dict]:
+    found = []
+    for k in _ranks_with(task, "failed"):
+        report = _read_json(task.rendezvous / f"rank{k}.failed")
+        found.append(report if report is not None else {"rank": k, "log": task.log_of(k)})
+    return found
+
+
+def _describe(failures: Sequence[Mapping[str, Any]]) -> str:
+    return "; ".join(
+        f"rank {f.get('rank', '?')} on {f.get('host', '?')} failed: {f.get('error', '?')}; "
+        f"its log: {f.get('log', '?')}"
+        for f in failures
+    )
+
+
+def _raise_reported(task: TaskInfo) -> None:
+    failures = _reported_failures(task)
+    if failures:
+        raise ClusterError(_describe(failures))
+
+
+def _write_json(path: Path, data: Mapping[str, Any]) -> None:
+    """Write ``data`` whole or not at all (readers on other hosts poll the folder)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data))
+    os.replace(tmp, path)
+
+
+def _read_json(path: Path) -> dict | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else {}
+
+
+# -- one Ray node ---------------------------------------------------------------------------
+
+
+class _RayNode:
+    """A ``ray start --block`` under a supervisor (:func:`_supervise`) in a session of its own."""
+
+    def __init__(self, proc: subprocess.Popen, temp_dir: Path, what: str, log: str) -> None:
+        self.proc = proc
+        self.temp_dir = temp_dir
+        self.what = what
+        self.log = log
+
+    @classmethod
+    def start(
+        cls,
+        task: TaskInfo,
+        ports: Ports,
+        ip: str,
+        temp_dir: Path,
+        *,
+        head_address: str | None,
+    ) -> _RayNode:
+        head = head_address is None
+        if len(str(temp_dir)) > SOCKET_DIR_MAX:
+            raise ClusterError(
+                f"the Ray temp dir {temp_dir} is longer than {SOCKET_DIR_MAX} characters: "
+                "Ray's unix socket paths would not fit (pass a shorter temp_root)"
+            )
+        busy = _busy_ports(ports.fixed(head=head))
+        if busy:
+            raise ClusterError(
+                f"ports of this task's Ray node are in use on {task.host}: "
+                + ", ".join(f"{p} ({name})" for name, p in busy.items())
+                + " (another Ray node on this host holds this job's port block)"
+            )
+        temp_dir.mkdir(parents=True, exist_ok=True)
+        cmd = [
+            sys.executable,
+            "-m",
+            "ray.scripts.scripts",
+            "start",
+            "--block",
+            f"--node-ip-address={ip}",
+            f"--temp-dir={temp_dir}",
+            f"--num-cpus={task.cpus or _affinity_cpus()}",
+            "--disable-usage-stats",
+            "--log-style=record",
+            "--log-color=false",
+            *ports.ray_start_args(head=head),
+        ]
+        cmd += ["--head", "--include-dashboard=false"] if head else [f"--address={head_address}"]
+        env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+        # Ray 2.60 drains a node for up to 30 s on SIGTERM; nothing is served here.
+        env.setdefault("RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S", "0")
+        env["RAY_USAGE_STATS_ENABLED"] = "0"
+        env[NODE_MARKER] = str(temp_dir)  # inherited by every process of the node
+        num_gpus, visible = _gpu_share(os.environ, task.tasks_per_node, task.local_rank)
+        if num_gpus is not None:
+            cmd.append(f"--num-gpus={num_gpus}")
+        if visible is not None:
+            env["CUDA_VISIBLE_DEVICES"] = visible
+        store = _object_store_bytes(task.mem_mb)
+        if store is not None:
+            cmd.append(f"--object-store-memory={store}")
+        what = "the head's `ray start`" if head else f"rank {task.rank}'s `ray start`"
+        proc = subprocess.Popen(
+            [sys.executable, "-m", __name__, str(temp_dir), *cmd],
+            stdin=subprocess.DEVNULL,
+            stdout=2,  # this task's log (srun --error), even when sys.stderr is replaced
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+            preexec_fn=_die_with_parent(),
+        )
+        return cls(proc, temp_dir, what, task.log)
+
+    def check(self) -> None:
+        """Raise if the node has stopped (``ray start --block`` exited)."""
+        code = self.proc.poll()
+        if code is not None:
+            raise ClusterError(f"{self.what} exited with status {code}; see {self.log}")
+
+    def stop(self, *, remove_temp_dir: bool = False) -> None:
+        """Have the supervisor stop the node; SIGKILL whatever is left after a grace period."""
+        with contextlib.suppress(ProcessLookupError):
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=STOP_GRACE_S + 5)
+        except subprocess.TimeoutExpired:
+            _signal_group(self.proc.pid, signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout=5)
+        _kill_node_processes(self.temp_dir, exclude=())
+        if remove_temp_dir:
+            import shutil
+
+            shutil.rmtree(self.temp_dir, ignore_errors=True)
+
+
+NODE_MARKER = "SLCA_RAY_NODE"
+"""Environment variable that every process of a node inherits: its temp dir. Ray renames its
+processes (``ray::DashboardAgent``), so the command line alone does not find them all."""
+
+
+def node_processes(temp_dir: str | Path) -> list[int]:
+    """The live processes of the Ray node whose temp dir is ``temp_dir``.
+
+    Found by :data:`NODE_MARKER` in their environment or by ``temp_dir`` in their command line
+    (only the processes of this user can be read). Empty once the node is stopped.
+    """
+    exact = str(temp_dir).encode()
+    inside = exact + b"/"
+    marker = NODE_MARKER.encode() + b"=" + exact
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            if _proc_state(entry) in ("Z", "X", None):
+                continue
+            args = (entry / "cmdline").read_bytes().split(b"\0")
+            if not any(a == exact or a.endswith(b"=" + exact) or inside in a for a in args):
+                environ = (entry / "environ").read_bytes().split(b"\0")
+                if marker not in environ:
+                    continue
+        except OSError:
+            continue
+        found.append(int(entry.name))
+    return found
+
+
+def _kill_node_processes(temp_dir: str | Path, exclude: Sequence[int]) -> None:
+    for pid in node_processes(temp_dir):
+        if pid not in exclude:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def _supervise(argv: Sequence[str]) -> int:
+    """Run ``ray start --block`` and stop every process of its node when asked or orphaned.
+
+    ``python -m slca_exp.launch.cluster <temp dir> <ray start command...>``, started by
+    :meth:`_RayNode.start` as the leader of a new session. SIGTERM, SIGINT or the death of the
+    task (``PR_SET_PDEATHSIG``, or a new parent) stops the node: SIGTERM to the whole group
+    (the processes Ray starts stay in it), SIGKILL after :data:`STOP_GRACE_S`, then the
+    node's processes that left the group. Also stops the rest of the node when ``ray start``
+    exits by itself, with its status.
+    """
+    temp_dir, cmd = argv[0], list(argv[1:])
+    parent = os.getppid()
+    asked: list[int] = []
+
+    def on_signal(signum: int, frame: object) -> None:
+        asked.append(signum)
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, on_signal)
+    child = subprocess.Popen(cmd)
+    while child.poll() is None and not asked and os.getppid() == parent:
+        time.sleep(0.1)
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)
+    me = os.getpid()
+    group = os.getpgrp()
+    # The GCS last: the other processes report to it on their way out (the raylet unregisters,
+    # the autoscaler's monitor posts an error) and would wait for it for seconds.
+    last = {child.pid, me} | {p for p in _group_members(group) if _cmdline_has(p, b"gcs_server")}
+    for pid in _group_members(group):
+        if pid not in last:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGTERM)
+    _wait_for_group(group, keep=last, timeout_s=STOP_GRACE_S / 2)
+    _signal_group(group, signal.SIGTERM)  # ignored by this process
+    _wait_for_group(group, keep={me}, timeout_s=STOP_GRACE_S / 2)
+    for pid in _group_members(group):
+        if pid != me:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+    _kill_node_processes(temp_dir, exclude=(me,))
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        child.wait(timeout=5)
+    return 0 if asked else (child.returncode or 0)
+
+
+def _wait_for_group(group: int, keep: set[int], timeout_s: float) -> None:
+    """Wait until the live processes of ``group`` are all in ``keep`` (at most ``timeout_s``)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and set(_group_members(group)) - keep:
+        time.sleep(0.05)
+
+
+def _cmdline_has(pid: int, text: bytes) -> bool:
+    try:
+        return text in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+
+
+def _die_with_parent() -> Callable[[], None] | None:
+    """A ``preexec_fn`` that has the child get SIGTERM when this process dies (Linux)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+
+    def preexec() -> None:
+        prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG
+        if os.getppid() != parent:  # the parent died before prctl
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return preexec
+
+
+def _signal_group(pgid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+def _proc_state(entry: Path) -> str | None:
+    """The state letter of ``/proc/<pid>`` (``Z``: zombie); ``None`` when it is gone."""
+    try:
+        stat = (entry / "stat").read_text()
+    except OSError:
+        return None
+    rest = stat[stat.rfind(")") + 2 :].split()
+    return rest[0] if rest else None
+
+
+def _group_members(pgid: int) -> list[int]:
+    """Live (not zombie) processes of process group ``pgid``."""
+    members = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        rest = stat[stat.rfind(")") + 2 :].split()
+        if len(rest) > 2 and rest[0] not in ("Z", "X") and int(rest[2]) == pgid:
+            members.append(int(entry.name))
+    return members
+
+
+def _busy_ports(named: Mapping[str, int]) -> dict[str, int]:
+    busy = {}
+    for name, port in named.items():
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                sock.bind(("", port))
+            except OSError:
+                busy[name] = port
+    return busy
+
+
+def _tcp_open(host: str, port: int, timeout_s: float = 1.0) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s):
+            return True
+    except OSError:
+        return False
+
+
+def _ip_towards(peer: str) -> str:
+    """The address of this host on the route to ``peer`` (the head), like Ray's own guess."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+            sock.connect((peer, 1))
+            return str(sock.getsockname()[0])
+    except OSError:
+        from ray.util import get_node_ip_address
+
+        return str(get_node_ip_address())
+
+
+def _wait_until(
+    ready: Callable[[], bool],
+    timeout_s: float,
+    message: str,
+    checks: Sequence[Callable[[], None]] = (),
+    *,
+    quiet: bool = False,
+) -> None:
+    """Poll ``ready``; run ``checks`` (which raise) first; ClusterError(message) at timeout."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        for check in checks:
+            check()
+        if ready():
+            return
+        if time.monotonic() > deadline:
+            if quiet:
+                return
+            raise ClusterError(message)
+        time.sleep(POLL_S)
+
+
+# -- resources ------------------------------------------------------------------------------
+
+
+def _env_int(env: Mapping[str, str], name: str, *, lenient: bool = False) -> int | None:
+    """``int(env[name])``; ``None`` when unset (or, with ``lenient``, when it does not parse)."""
+    value = env.get(name, "").strip()
+    if not value:
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        if lenient:
+            return None
+        raise ValueError(f"{name}={value!r} is not an integer") from None
+
+
+def _hosts(env: Mapping[str, str]) -> list[str]:
+    """The expanded ``SLURM_JOB_NODELIST`` (submitit's parser)."""
+    nodelist = env.get("SLURM_JOB_NODELIST", "")
+    if not nodelist:
+        return []
+    try:
+        from submitit.slurm.slurm import _parse_node_list
+
+        return list(_parse_node_list(nodelist))
+    except Exception:  # a private helper of submitit: fall back to the first name
+        return [nodelist.split(",")[0].split("[")[0]]
+
+
+def _tasks_per_node(env: Mapping[str, str], world_size: int, num_nodes: int) -> int:
+    for name in ("SLURM_NTASKS_PER_NODE", "SLURM_TASKS_PER_NODE"):
+        # SLURM_TASKS_PER_NODE reads like "2(x3),1": the first host's count
+        value = env.get(name, "").split(",")[0].split("(")[0].strip()
+        if value.isdigit() and int(value) > 0:
+            return int(value)
+    return max(1, math.ceil(world_size / max(1, num_nodes)))
+
+
+def _mem_per_task_mb(env: Mapping[str, str], tasks_per_node: int, cpus: int | None) -> int | None:
+    per_node = _env_int(env, "SLURM_MEM_PER_NODE", lenient=True)
+    if per_node:
+        return per_node // max(1, tasks_per_node)
+    per_cpu = _env_int(env, "SLURM_MEM_PER_CPU", lenient=True)
+    if per_cpu:
+        return per_cpu * (cpus or 1)
+    return None
+
+
+def _affinity_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def _object_store_bytes(mem_mb: int | None) -> int | None:
+    """30% of the task's memory, within [80 MB, 200 GB]; ``None`` (Ray's default) if unknown."""
+    if not mem_mb:
+        return None
+    mb = min(max(int(mem_mb * 0.3), 80), 200 * 1024)
+    return mb * 1024 * 1024
+
+
+def _gpu_share(
+    env: Mapping[str, str], tasks_per_node: int, local_rank: int
+) -> tuple[int | None, str | None]:
+    """The GPUs of this task's Ray node: (``--num-gpus``, ``CUDA_VISIBLE_DEVICES`` for it).
+
+    ``(None, None)`` when nothing says (Ray detects them). When the tasks of a host all see
+    the same devices (``CUDA_VISIBLE_DEVICES`` lists ``SLURM_GPUS_ON_NODE`` of them, or the
+    local executor's shared list), each task's node gets an equal share, so that two nodes of
+    a host never hand out the same GPU.
+    """
+    on_node = _env_int(env, "SLURM_GPUS_ON_NODE", lenient=True)
+    raw = env.get("CUDA_VISIBLE_DEVICES")
+    if raw is None:
+        if on_node is None:
+            return None, None
+        ids = [str(i) for i in range(on_node)]
+    else:
+        ids = [d.strip() for d in raw.split(",") if d.strip() and d.strip() != "NoDevFiles"]
+    shared = on_node is None or len(ids) == on_node
+    if tasks_per_node > 1 and ids and shared and len(ids) % tasks_per_node == 0:
+        size = len(ids) // tasks_per_node
+        ids = ids[local_rank * size : (local_rank + 1) * size]
+        return len(ids), ",".join(ids)
+    return len(ids), None
+
+
+@contextlib.contextmanager
+def _sigterm_raises() -> Iterator[None]:
+    """SIGTERM raises :class:`~slca_exp.tracking.base.RunKilled` (main thread only)."""
+    if not _in_main_thread():
+        yield
+        return
+    from slca_exp.tracking.base import RunKilled
+
+    def handler(signum: int, frame: object) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # let the nodes be stopped
+        raise RunKilled(f"received signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
+
+
+@contextlib.contextmanager
+def _sigterm_held() -> Iterator[None]:
+    """Deliver a SIGTERM only once the block is over (stopping the nodes must not be cut)."""
+    if not _in_main_thread():
+        yield
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    try:
+        yield
+    finally:
+        if signal.SIGTERM not in previous:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+
+
+def _in_main_thread() -> bool:
+    return threading.current_thread() is threading.main_thread()
+
+
+def _restore_env(name: str, value: str | None) -> None:
+    if value is None:
+        os.environ.pop(name, None)
+    else:
+        os.environ[name] = value
+
+
+if __name__ == "__main__":
+    sys.exit(_supervise(sys.argv[1:]))
