@@ -6,7 +6,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 TORCH  ?= torch==2.13.0
 
-.PHONY: demo test lint bench install clean
+.PHONY: demo test lint bench bench-slurm install clean
 
 install: $(STAMP)
 
@@ -34,6 +34,10 @@ bench: install
 	$(PY) benchmarks/rewards.py
 	$(PY) benchmarks/tracking.py
 	$(PY) benchmarks/engine.py
+
+# Needs a SLURM (`sudo .ci/slurm-up` starts a one-node cluster here): a 16-job sweep, command to queued.
+bench-slurm: install
+	$(PY) benchmarks/slurm_submit.py
 
 clean:
 	rm -rf $(VENV) outputs multirun test-artifacts .pytest_cache .ruff_cache .hypothesis

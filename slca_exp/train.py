@@ -66,8 +66,8 @@ def run(cfg: DictConfig) -> object:
     try:
         prepared = prepare(cfg)
     except BaseException as exc:
-        if task is not None and task.rank != 0:
-            report_failure(task, exc)  # rank 0 fails at once, with this task's log path
+        if task is not None:  # rank 0 fails at once, with this task's log path (or the
+            report_failure(task, exc)  # workers stop waiting, when rank 0 is the one failing)
         raise
     if task is None:
         return _run_prepared(cfg, *prepared)

@@ -108,7 +108,7 @@ def test_a_2x2_sweep_is_one_array_job_with_a_parent_and_four_children(tmp_path):
 
 
 def test_a_time_limit_checkpoints_requeues_and_continues_the_same_run(tmp_path):
-    steps = 150
+    steps = 500  # more than the first run can do before the signal, however fast this machine
     proc = submit(
         tmp_path,
         *TINY_LOCAL,
@@ -119,18 +119,22 @@ def test_a_time_limit_checkpoints_requeues_and_continues_the_same_run(tmp_path):
         "launcher.signal_delay_s=40",
         wait=False,
     )
-    released, deadline = 0, time.time() + 420
+    released, deadline = set(), time.time() + 480
     try:
         while proc.poll() is None and time.time() < deadline:
-            time.sleep(2)
+            time.sleep(1)
             for job in job_ids(tmp_path):
                 res = subprocess.run(
                     ["squeue", "-h", "-j", job, "-o", "%T %r"], capture_output=True, text=True
                 )
-                # SLURM holds a requeued job for two minutes (BeginTime); let it start now.
-                if res.stdout.split() == ["PENDING", "BeginTime"]:
-                    subprocess.run(["scontrol", "update", f"jobid={job}", "StartTime=now"])
-                    released += 1
+                if res.stdout.split() == ["PENDING", "BeginTime"] and job not in released:
+                    # SLURM holds a requeued job for two minutes: start it now, and give it the
+                    # time to finish (a second signal would only requeue it once more).
+                    subprocess.run(
+                        ["scontrol", "update", f"jobid={job}", "StartTime=now", "TimeLimit=15"],
+                        check=True,
+                    )
+                    released.add(job)
         out = proc.communicate(timeout=30)[0]
     finally:
         if proc.poll() is None:
@@ -141,7 +145,7 @@ def test_a_time_limit_checkpoints_requeues_and_continues_the_same_run(tmp_path):
     text = logs(tmp_path)
     assert "this job is timed-out" in text, text[-3000:]
     assert "checkpointed at RL step" in text and "requeueing the job" in text
-    assert released >= 1
+    assert len(released) == 1
     client, parents, children = mlflow_runs(tmp_path)
     (run,) = children
     assert run.info.status == "FINISHED" and run.data.tags.get("slca.resumed") == "true"
