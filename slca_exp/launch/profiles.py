@@ -138,23 +138,85 @@ def cross_problems(profile: LauncherProfile) -> list[Problem]:
                 "set $SLURM_PARTITION or launcher.partition to one of those",
             )
         )
+    elif known is not None and profile.partition is not None:
+        problems += _size_problems(profile, known[profile.partition])
     return problems
 
 
-def slurm_partitions() -> set[str] | None:
-    """The cluster's partitions from ``sinfo``; ``None`` when sinfo is absent or fails."""
+@dataclass(frozen=True)
+class NodeSize:
+    """The largest node of a partition, as ``sinfo`` reports it (``None``: not reported)."""
+
+    cpus: int | None = None
+    mem_mb: int | None = None
+
+
+def slurm_partitions() -> dict[str, NodeSize] | None:
+    """The cluster's partitions and their largest nodes, from ``sinfo``.
+
+    ``None`` when sinfo is absent or fails (no cluster to check against).
+    """
     sinfo = shutil.which("sinfo")
     if sinfo is None:
         return None
     try:
         res = subprocess.run(
-            [sinfo, "-h", "-o", "%R"], capture_output=True, text=True, timeout=15, check=False
+            [sinfo, "-h", "-o", "%R %c %m"], capture_output=True, text=True, timeout=15, check=False
         )
     except (OSError, subprocess.TimeoutExpired):
         return None
     if res.returncode != 0:
         return None
-    return {line.strip() for line in res.stdout.splitlines() if line.strip()}
+    found: dict[str, NodeSize] = {}
+    for line in res.stdout.splitlines():
+        name, *sizes = line.split()
+        cpus, mem = (_leading_int(v) for v in (*sizes, "", "")[:2])
+        seen = found.get(name, NodeSize())
+        found[name] = NodeSize(_largest(seen.cpus, cpus), _largest(seen.mem_mb, mem))
+    return found
+
+
+def _size_problems(profile: LauncherProfile, size: NodeSize) -> list[Problem]:
+    """A job that no node of its partition can hold, per key (sbatch would refuse it)."""
+    problems = []
+    cpus = (profile.cpus_per_task or 1) * profile.tasks_per_node
+    if size.cpus is not None and cpus > size.cpus:
+        problems.append(
+            Problem(
+                f"{GROUP}.cpus_per_task",
+                f"{profile.cpus_per_task or 1} CPUs x {profile.tasks_per_node} tasks per node = "
+                f"{cpus} CPUs; the largest node of partition {profile.partition!r} has "
+                f"{size.cpus}",
+                f"lower launcher.cpus_per_task (or launcher.tasks_per_node) to fit {size.cpus}",
+            )
+        )
+    if (
+        size.mem_mb is not None
+        and profile.mem_gb is not None
+        and profile.mem_gb * 1024 > size.mem_mb
+    ):
+        problems.append(
+            Problem(
+                f"{GROUP}.mem_gb",
+                f"{profile.mem_gb} GB per node; the largest node of partition "
+                f"{profile.partition!r} has {size.mem_mb // 1024} GB",
+                f"set launcher.mem_gb to at most {size.mem_mb // 1024}",
+            )
+        )
+    return problems
+
+
+def _leading_int(text: str) -> int | None:
+    digits = ""
+    for char in text:
+        if not char.isdigit():
+            break
+        digits += char
+    return int(digits) if digits else None
+
+
+def _largest(a: int | None, b: int | None) -> int | None:
+    return max((v for v in (a, b) if v is not None), default=None)
 
 
 def hydra_overrides(name: str, profile: LauncherProfile) -> list[str]:

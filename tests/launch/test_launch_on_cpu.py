@@ -84,13 +84,26 @@ def test_a_bad_profile_exits_2_naming_the_key_and_creates_nothing(
 
 def test_an_unknown_partition_is_refused_when_sinfo_exists(tmp_path, monkeypatch):
     sinfo = tmp_path / "sinfo"
-    sinfo.write_text("#!/bin/sh\necho cpu\necho debug\n")
+    sinfo.write_text("#!/bin/sh\necho cpu 64 512000\necho debug 8 32000+\n")
     sinfo.chmod(0o755)
     monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
     _, problems = load_profile("slurm_gpu_8x")
     assert [p.key for p in problems] == ["launcher.partition"]
     assert "'gpu'" in problems[0].what and "cpu, debug" in problems[0].what
     assert load_profile("slurm_cpu")[1] == []
+
+
+def test_a_job_no_node_of_its_partition_can_hold_is_refused(tmp_path, monkeypatch):
+    sinfo = tmp_path / "sinfo"  # two node shapes in partition cpu: the largest counts
+    sinfo.write_text("#!/bin/sh\necho cpu 2 16000\necho cpu 4 21000\n")
+    sinfo.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    _, problems = load_profile("slurm_cpu")  # 8 CPUs and 32 GB
+    assert [p.key for p in problems] == ["launcher.cpus_per_task", "launcher.mem_gb"]
+    assert "largest node of partition 'cpu' has 4" in problems[0].what
+    assert "at most 20" in problems[1].fix
+    fits = ["launcher.cpus_per_task=2", "launcher.tasks_per_node=2", "launcher.mem_gb=20"]
+    assert load_profile("slurm_cpu", fits)[1] == []
 
 
 @pytest.mark.parametrize(
