@@ -1,0 +1,189 @@
+"""The simulator as verl tools: every tool call of a rollout answered by slca-exp's simulator.
+
+verl's multi-turn ``ToolAgentLoop`` parses the hermes ``<tool_call>`` blocks of a turn and calls
+the ``BaseTool`` registered under each call's name, listed in a tool-config YAML
+(``actor_rollout_ref.rollout.multi_turn.tool_config_path``):
+
+    split rows -> their tool schemas (``reward_model.ground_truth.tool_schemas``), one per name
+    -> :func:`tool_config`: one ``SimulatedTool`` entry per tool, with the simulator config
+    -> verl's ``initialize_tools_from_config`` builds them in every rollout worker
+    -> per call: ``create(create_kwargs=...)`` with the row's context (:func:`tools_kwargs`:
+       the question and the recorded responses, which verl's dataset reads from
+       ``extra_info.tools_kwargs``) -> ``execute`` -> our simulator (replay or SGLS, with its
+       schema check and cache) -> ``release``
+
+The simulator is built once per worker process and shared by the tools of that process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+from uuid import uuid4
+
+from omegaconf import OmegaConf
+
+from slca_exp.config.schema import SimulatorConfig
+from slca_exp.rewards.types import ToolCall
+from slca_exp.simulators import SimContext, Simulator, build_simulator
+
+TOOL_CLASS = "slca_exp.engines.verl.tools.SimulatedTool"
+"""What the tool config names as ``class_name`` (verl imports it by this path)."""
+
+try:  # verl is an extra: the config can be written without it, the tools need it
+    from verl.tools.base_tool import BaseTool as _ToolBase
+    from verl.tools.schemas import ToolResponse as _VerlToolResponse
+except ImportError:  # pragma: no cover - exercised only without the verl extra
+    _ToolBase = object
+    _VerlToolResponse = None
+
+
+class ToolConfigError(ValueError):
+    """The split's tool schemas cannot make one tool config (the message names the tool)."""
+
+
+def schemas_of(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The distinct OpenAI function schemas of ``rows``, sorted by tool name.
+
+    Raises:
+        ToolConfigError: two rows describe one tool name differently (the tool is named).
+
+    """
+    found: dict[str, dict[str, Any]] = {}
+    for row in rows:
+        truth = row["reward_model"]["ground_truth"]
+        for schema in json.loads(truth.get("tool_schemas") or "[]"):
+            name = schema["function"]["name"]
+            if name in found and found[name] != schema:
+                raise ToolConfigError(
+                    f"tool {name!r} has two different schemas in the split (row "
+                    f"{row.get('extra_info', {}).get('index', '?')}); a verl tool config holds "
+                    "one schema per name: make them agree"
+                )
+            found[name] = schema
+    return [found[name] for name in sorted(found)]
+
+
+def tool_config(schemas: Iterable[Mapping[str, Any]], simulator: Any) -> dict[str, Any]:  # noqa: ANN401
+    """The verl tool config (``{"tools": [...]}``) of ``schemas``, answered by ``simulator``.
+
+    Args:
+        schemas: OpenAI function schemas (``{"type": "function", "function": {...}}``).
+        simulator: the run's ``simulator`` config (``SimulatorConfig`` or a mapping of it).
+
+    """
+    sim = _as_dict(simulator)
+    return {
+        "tools": [
+            {
+                "class_name": TOOL_CLASS,
+                "config": {"type": "native", "simulator": sim},
+                "tool_schema": _verl_schema(schema),
+            }
+            for schema in schemas
+        ]
+    }
+
+
+def write_tool_config(
+    path: str | Path,
+    rows: Iterable[Mapping[str, Any]],
+    simulator: Any,  # noqa: ANN401
+) -> Path:
+    """Write the tool config of the split ``rows`` to ``path`` (YAML); return the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    config = OmegaConf.create(tool_config(schemas_of(rows), simulator))
+    path.write_text(OmegaConf.to_yaml(config))
+    return path
+
+
+def tools_kwargs(row: Mapping[str, Any]) -> dict[str, Any]:
+    """``extra_info.tools_kwargs`` of ``row``: every tool it allows gets the row's context."""
+    truth = row["reward_model"]["ground_truth"]
+    context = {
+        "question": str(truth.get("question_content") or ""),
+        "tool_responses": (row.get("extra_info") or {}).get("tool_responses") or "[]",
+    }
+    return {name: {"create_kwargs": dict(context)} for name in truth.get("allowed_tools") or []}
+
+
+class SimulatedTool(_ToolBase):  # type: ignore[misc, valid-type]
+    """A verl ``BaseTool`` whose every call is answered by slca-exp's simulator."""
+
+    _simulators: dict[str, Simulator] = {}  # noqa: RUF012 - one per config, per process
+
+    def __init__(self, config: dict[str, Any], tool_schema: Any) -> None:  # noqa: ANN401
+        super().__init__(config, tool_schema)
+        key = json.dumps(config.get("simulator") or {}, sort_keys=True)
+        if key not in SimulatedTool._simulators:
+            SimulatedTool._simulators[key] = build_simulator(_simulator_config(config))
+        self.simulator = SimulatedTool._simulators[key]
+        self.schema = tool_schema.model_dump(exclude_none=True) if tool_schema else None
+        self._contexts: dict[str, SimContext] = {}
+
+    async def create(
+        self,
+        instance_id: str | None = None,
+        create_kwargs: Mapping[str, Any] | None = None,
+        **kwargs: Any,  # noqa: ANN401
+    ) -> tuple[str, Any]:
+        """Open a call: remember the row's context (question, recorded responses)."""
+        instance_id = instance_id or str(uuid4())
+        given = dict(create_kwargs or {})
+        recorded = given.get("tool_responses") or "[]"
+        if isinstance(recorded, str):
+            recorded = json.loads(recorded)
+        self._contexts[instance_id] = SimContext(
+            str(given.get("question") or ""), tuple(dict(r) for r in recorded)
+        )
+        return instance_id, _VerlToolResponse()
+
+    async def execute(
+        self,
+        instance_id: str,
+        parameters: dict[str, Any],
+        **kwargs: Any,  # noqa: ANN401
+    ) -> tuple[Any, float, dict[str, Any]]:
+        """Answer the call with the simulator; its status travels in the metrics."""
+        context = self._contexts.get(instance_id, SimContext())
+        call = ToolCall(self.name, dict(parameters))
+        loop = asyncio.get_running_loop()
+        answer = await loop.run_in_executor(
+            None, lambda: self.simulator.respond(call, self.schema, context)
+        )
+        metrics = {
+            "status": answer.status,
+            "reason": answer.reason,
+            "cached": answer.cached,
+            "latency_ms": answer.latency_ms,
+        }
+        return _VerlToolResponse(text=answer.content), 0.0, metrics
+
+    async def release(self, instance_id: str, **kwargs: Any) -> None:  # noqa: ANN401
+        """Close the call."""
+        self._contexts.pop(instance_id, None)
+
+
+def _simulator_config(config: Mapping[str, Any]) -> SimulatorConfig:
+    merged = OmegaConf.merge(OmegaConf.structured(SimulatorConfig), config.get("simulator") or {})
+    return OmegaConf.to_object(merged)
+
+
+def _as_dict(simulator: Any) -> dict[str, Any]:  # noqa: ANN401
+    if isinstance(simulator, Mapping):
+        return dict(simulator)
+    return OmegaConf.to_container(OmegaConf.structured(simulator), resolve=True)
+
+
+def _verl_schema(schema: Mapping[str, Any]) -> dict[str, Any]:
+    """The schema as verl's pydantic models read it (a description is required there)."""
+    function = dict(schema["function"])
+    function.setdefault("description", function["name"])
+    params = dict(function.get("parameters") or {"type": "object", "properties": {}})
+    params.setdefault("properties", {})
+    function["parameters"] = params
+    return {"type": schema.get("type", "function"), "function": function}
