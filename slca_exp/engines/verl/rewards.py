@@ -1,0 +1,189 @@
+"""HierR rewards in verl: R_tool on the last tool-segment token, R_sum on the last summary token.
+
+verl (0.9.x) scores a finished trajectory through its reward loop and keeps one scalar, which
+``AgentLoopOutput.as_dict`` writes on the last response token (``rm_scores``). SLCA-GRPO needs
+two scores at two places, so two pieces work together, neither patching verl:
+
+1. :class:`SLCARewardManager` (``reward.reward_manager.source=importlib``): decodes the whole
+   multi-turn response (special tokens kept, as the local engine reads it), scores it with our
+   HierR reward and judge (``slca_exp.rewards.HierRReward``, penalty routing included) and
+   returns the total as ``reward_score`` and the two routed scores in ``reward_extra_info``
+   (:data:`TOOL_KEY`, :data:`SUMMARY_KEY`, plus the tool components and the judge's status).
+2. :class:`SLCAToolAgentLoop` (verl's ``ToolAgentLoop``, listed in the agent-loop config that
+   :func:`agent_loop_config` writes) returns a :class:`SegmentScoredOutput`, whose ``as_dict``
+   rebuilds ``rm_scores`` from those two scores with :func:`place_segment_scores`.
+
+The estimator side (``estimators.py``) reads them back as masked sums over the segments. The
+segments are the response mask's runs of learnable tokens: the last run is the summary, every
+earlier run the tool segment (the paper's rule; a rollout cut off on a tool call has its last
+tool turn read as the summary). A judge failure under ``reward.judge_failure=absent`` cannot be
+told apart from a score in ``rm_scores``: it is written as 0 and flagged in
+:data:`SUMMARY_FAILED_KEY`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import OmegaConf
+
+OUR_KEY = "slca_exp"
+"""Top-level key of the verl config holding our ``reward``, ``judge`` and ``simulator``."""
+TOOL_KEY = "slca/tool_score"
+SUMMARY_KEY = "slca/summary_score"
+SUMMARY_FAILED_KEY = "slca/summary_failed"
+AGENT_NAME = "slca_tool_agent"
+"""The agent loop's name in verl (``actor_rollout_ref.rollout.agent.default_agent_loop``)."""
+
+try:  # verl is an extra: the pure functions below work without it
+    from verl.experimental.agent_loop.agent_loop import AgentLoopOutput as _OutputBase
+    from verl.experimental.agent_loop.tool_agent_loop import ToolAgentLoop as _LoopBase
+    from verl.experimental.reward_loop.reward_manager.base import RewardManagerBase as _RMBase
+except ImportError:  # pragma: no cover - exercised only without the verl extra
+    _OutputBase = _LoopBase = _RMBase = object
+
+
+def place_segment_scores(
+    response_mask: torch.Tensor, tool_score: float, summary_score: float
+) -> torch.Tensor:
+    """(T,) float32 ``rm_scores``: R_tool on the last tool token, R_sum on the last summary one.
+
+    A rollout without a tool segment (a single run) gets no R_tool token; one without any
+    learnable token gets nothing. Non-finite scores are written as 0.
+    """
+    mask = response_mask.bool()
+    scores = torch.zeros(mask.shape, dtype=torch.float32)
+    positions = torch.nonzero(mask).flatten()
+    if positions.numel() == 0:
+        return scores
+    scores[positions[-1]] = _finite(summary_score)
+    # the last run starts after the last gap between learnable tokens
+    gaps = torch.nonzero(positions[1:] - positions[:-1] > 1).flatten()
+    if gaps.numel():
+        scores[positions[gaps[-1]]] = _finite(tool_score)  # the tool segment's last token
+    return scores
+
+
+class SegmentScoredOutput(_OutputBase):  # type: ignore[misc, valid-type]
+    """An agent-loop output whose ``rm_scores`` carry the two segment scores."""
+
+    def as_dict(self) -> dict[str, Any]:
+        """The dict verl stores, with ``rm_scores`` rebuilt from the two segment scores."""
+        out = super().as_dict()
+        info = (out.get("extra_fields") or {}).get("reward_extra_info") or {}
+        if TOOL_KEY in info and SUMMARY_KEY in info:
+            out["rm_scores"] = place_segment_scores(
+                out["response_mask"], float(info[TOOL_KEY]), float(info[SUMMARY_KEY])
+            )
+        return out
+
+
+class SLCAToolAgentLoop(_LoopBase):  # type: ignore[misc, valid-type]
+    """verl's multi-turn tool agent loop, returning :class:`SegmentScoredOutput`."""
+
+    async def run(self, sampling_params: dict[str, Any], priority: int = 0, **kwargs: Any):  # noqa: ANN201, ANN401
+        """Run verl's loop unchanged; only the output's type changes."""
+        output = await super().run(sampling_params, priority, **kwargs)
+        return as_segment_scored(output)
+
+
+def as_segment_scored(output: Any) -> SegmentScoredOutput:  # noqa: ANN401
+    """The same output as a :class:`SegmentScoredOutput` (the fields that were set stay set)."""
+    return SegmentScoredOutput.model_validate(output.model_dump(exclude_unset=True))
+
+
+class SLCARewardManager(_RMBase):  # type: ignore[misc, valid-type]
+    """verl reward manager: HierR tool process reward + judge, routed, for one trajectory."""
+
+    def __init__(
+        self,
+        config: Any,  # noqa: ANN401 - verl's DictConfig
+        tokenizer: Any,  # noqa: ANN401
+        compute_score: Any = None,  # noqa: ANN401 - verl's default scorer: unused
+        **kwargs: Any,  # noqa: ANN401 - reward_router_address, reward_model_tokenizer
+    ) -> None:
+        super().__init__(config, tokenizer, compute_score)
+        from slca_exp.judges import build_judge
+        from slca_exp.rewards import HierRReward
+
+        ours = _our_section(config)
+        self.reward = HierRReward.from_config(ours["reward"])
+        self.judge = build_judge(_structured("judge", ours["judge"]))
+
+    async def run_single(self, data: Any) -> dict[str, Any]:  # noqa: ANN401 - a DataProto
+        """Score the last sequence of ``data`` (one trajectory); verl's reward-loop contract."""
+        item = data[-1]
+        responses = item.batch["responses"]
+        length = int(item.batch["attention_mask"][-responses.shape[-1] :].sum())
+        text = self.tokenizer.decode(responses[:length].tolist(), skip_special_tokens=False)
+        truth = item.non_tensor_batch["reward_model"]["ground_truth"]
+        loop = asyncio.get_running_loop()
+        scored = await loop.run_in_executor(
+            None, lambda: self.reward.score([text], [truth], self.judge)
+        )
+        return _result(scored)
+
+
+def _result(scored: Any) -> dict[str, Any]:  # noqa: ANN401 - a RewardBatch of one
+    tool = float(scored.scores.tool[0])
+    summary = float(scored.scores.summary[0])
+    total = float(scored.scores.total[0])
+    info: dict[str, Any] = {
+        TOOL_KEY: _finite(tool),
+        SUMMARY_KEY: _finite(summary),
+        SUMMARY_FAILED_KEY: int(not math.isfinite(summary)),
+    }
+    for name, value in scored.tool[0].components.items():
+        info[f"slca/tool/{name}"] = float(value)
+    info["slca/judge_status"] = str(getattr(scored.summary[0], "status", ""))
+    return {"reward_score": _finite(total), "reward_extra_info": info}
+
+
+def agent_loop_config(path: str | Path) -> Path:
+    """Write verl's agent-loop config listing :class:`SLCAToolAgentLoop` as :data:`AGENT_NAME`.
+
+    Point ``actor_rollout_ref.rollout.agent.agent_loop_config_path`` at it and set
+    ``default_agent_loop`` to :data:`AGENT_NAME`.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    target = f"{SLCAToolAgentLoop.__module__}.{SLCAToolAgentLoop.__qualname__}"
+    path.write_text(OmegaConf.to_yaml([{"name": AGENT_NAME, "_target_": target}]))
+    return path
+
+
+def our_section(config: Any) -> dict[str, Any]:  # noqa: ANN401 - a validated RunConfig
+    """What the verl config carries under :data:`OUR_KEY` for the reward workers and tools."""
+    return {
+        "reward": OmegaConf.to_container(OmegaConf.structured(config.reward), resolve=True),
+        "judge": OmegaConf.to_container(OmegaConf.structured(config.judge), resolve=True),
+        "simulator": OmegaConf.to_container(OmegaConf.structured(config.simulator), resolve=True),
+    }
+
+
+def _our_section(config: Any) -> Mapping[str, Any]:  # noqa: ANN401
+    section = config.get(OUR_KEY) if hasattr(config, "get") else None
+    if not section or "reward" not in section or "judge" not in section:
+        raise KeyError(
+            f"the verl config has no `{OUR_KEY}` section with `reward` and `judge`: the reward "
+            "manager reads them there (slca-exp writes it when it translates a run config)"
+        )
+    return section
+
+
+def _structured(group: str, values: Any) -> Any:  # noqa: ANN401
+    """Our dataclass config of ``group`` (``judge``) from a plain mapping."""
+    from slca_exp.config.schema import JudgeConfig
+
+    schema = {"judge": JudgeConfig}[group]
+    plain = OmegaConf.to_container(values, resolve=True) if OmegaConf.is_config(values) else values
+    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), plain))
+
+
+def _finite(value: float) -> float:
+    return float(value) if math.isfinite(value) else 0.0

@@ -1,0 +1,157 @@
+"""Both scores at the right tokens: the reward manager and the agent-loop output, on real
+multi-turn text (gold trajectories of the synthetic split, rendered with the Qwen-style
+chat template and tokenized as a rollout is: tool responses and chat glue under mask 0)."""
+
+import asyncio
+import json
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("verl", reason="needs the verl extra")
+pytestmark = pytest.mark.verl
+
+from omegaconf import OmegaConf  # noqa: E402
+from verl import DataProto  # noqa: E402
+from verl.experimental.agent_loop.agent_loop import AgentLoopMetrics, AgentLoopOutput  # noqa: E402
+
+from slca_exp.backbones.chat import render_text, tokenize_trajectory  # noqa: E402
+from slca_exp.backbones.tiny import train_tokenizer  # noqa: E402
+from slca_exp.config.compose import compose_run  # noqa: E402
+from slca_exp.config.validate import validate  # noqa: E402
+from slca_exp.data.rows import gold_messages  # noqa: E402
+from slca_exp.data.synthetic import build_rows  # noqa: E402
+from slca_exp.engines.verl.estimators import segment_scores  # noqa: E402
+from slca_exp.engines.verl.rewards import (  # noqa: E402
+    OUR_KEY,
+    SUMMARY_KEY,
+    TOOL_KEY,
+    SegmentScoredOutput,
+    SLCARewardManager,
+    agent_loop_config,
+    as_segment_scored,
+    our_section,
+    place_segment_scores,
+)
+
+
+@pytest.fixture(scope="module")
+def rows():
+    return build_rows(16, "train", seed=11)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(rows):
+    texts = [render_text(gold_messages(r), tools_of(r)) for r in rows]
+    return train_tokenizer(texts, vocab_size=500, max_length=2048)
+
+
+@pytest.fixture(scope="module")
+def manager(tokenizer):
+    config = validate(compose_run([]))
+    return SLCARewardManager(OmegaConf.create({OUR_KEY: our_section(config)}), tokenizer)
+
+
+def tools_of(row):
+    return json.loads(row["reward_model"]["ground_truth"]["tool_schemas"])
+
+
+def rollout(tokenizer, row):
+    """(prompt ids, response ids, response mask) of the row's gold trajectory."""
+    ids, mask = tokenize_trajectory(tokenizer, gold_messages(row), tools_of(row))
+    start = mask.index(1)  # the prompt ends with the generation prompt
+    return ids[:start], ids[start:], mask[start:]
+
+
+def runs(mask):
+    out, start = [], None
+    for t, v in enumerate([*mask, 0]):
+        if v and start is None:
+            start = t
+        elif not v and start is not None:
+            out.append((start, t - 1))
+            start = None
+    return out
+
+
+def score(manager, prompt, response, row):
+    p, r = torch.tensor([prompt]), torch.tensor([response])
+    data = DataProto.from_dict(
+        tensors={
+            "prompts": p,
+            "responses": r,
+            "attention_mask": torch.ones(1, p.shape[1] + r.shape[1]),
+        },
+        non_tensors={"reward_model": np.array([row["reward_model"]], dtype=object)},
+    )
+    return asyncio.run(manager.run_single(data))
+
+
+def test_a_multi_step_rollout_gets_r_tool_and_r_sum_at_the_ends_of_its_segments(
+    tokenizer, manager, rows
+):
+    row = next(
+        r
+        for r in rows
+        if len(json.loads(r["reward_model"]["ground_truth"]["gold_tool_calls"])) >= 1
+    )
+    prompt, response, mask = rollout(tokenizer, row)
+    result = score(manager, prompt, response, row)
+    info = result["reward_extra_info"]
+    assert info[TOOL_KEY] == pytest.approx(1.0)  # the gold calls: every component full
+    assert info[SUMMARY_KEY] > 0.5 and info["slca/judge_status"] == "ok"
+    output = as_segment_scored(
+        AgentLoopOutput(
+            prompt_ids=prompt,
+            response_ids=response,
+            response_mask=mask,
+            reward_score=result["reward_score"],
+            metrics=AgentLoopMetrics(),
+            num_turns=5,
+        )  # fmt: skip
+    )
+    output.extra_fields["reward_extra_info"] = info  # what verl's worker adds after scoring
+    rm = output.as_dict()["rm_scores"]
+    turns = runs(mask)
+    assert len(turns) >= 2 and rm.shape == (len(response),)
+    placed = {int(i): float(rm[i]) for i in torch.nonzero(rm).flatten()}
+    assert placed == pytest.approx({turns[-2][1]: info[TOOL_KEY], turns[-1][1]: info[SUMMARY_KEY]})
+    # the estimator's side reads them back as masked sums over the segments
+    back = segment_scores(rm[None], torch.tensor([mask]))
+    assert float(back.tool[0]) == pytest.approx(info[TOOL_KEY])
+    assert float(back.summary[0]) == pytest.approx(info[SUMMARY_KEY])
+
+
+def test_a_rollout_with_no_call_carries_only_its_summary(tokenizer, manager, rows):
+    row = next(r for r in rows if r["reward_model"]["ground_truth"]["subset_name"] == "irrelevant")
+    prompt, response, mask = rollout(tokenizer, row)
+    result = score(manager, prompt, response, row)
+    info = result["reward_extra_info"]
+    rm = place_segment_scores(torch.tensor(mask), info[TOOL_KEY], info[SUMMARY_KEY])
+    (turn,) = runs(mask)  # one assistant turn: the summary, no tool segment
+    assert set(torch.nonzero(rm).flatten().tolist()) <= {turn[1]}
+    assert float(rm[turn[1]]) == pytest.approx(info[SUMMARY_KEY])
+    assert float(rm.sum()) == pytest.approx(info[SUMMARY_KEY])
+
+
+def test_the_scores_are_placed_only_on_learnable_tokens_and_nan_becomes_zero():
+    mask = torch.tensor([0, 1, 1, 0, 0, 1, 0, 1, 1, 0])
+    rm = place_segment_scores(mask, 0.25, float("nan"))
+    assert rm.tolist() == [0, 0, 0, 0, 0, 0.25, 0, 0, 0, 0]
+    assert place_segment_scores(torch.zeros(4), 1.0, 1.0).tolist() == [0, 0, 0, 0]
+
+
+def test_without_reward_info_the_output_is_verls(tokenizer):
+    output = SegmentScoredOutput(
+        prompt_ids=[1, 2], response_ids=[3, 4, 5], response_mask=[1, 0, 1],
+        reward_score=0.5, metrics=AgentLoopMetrics(),
+    )  # fmt: skip
+    assert output.as_dict()["rm_scores"].tolist() == [0.0, 0.0, 0.5]
+
+
+def test_the_agent_loop_config_names_our_loop(tmp_path):
+    path = agent_loop_config(tmp_path / "agent_loops.yaml")
+    (entry,) = OmegaConf.load(path)
+    assert entry.name == "slca_tool_agent"
+    assert entry._target_ == "slca_exp.engines.verl.rewards.SLCAToolAgentLoop"
