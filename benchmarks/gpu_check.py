@@ -1,0 +1,172 @@
+"""GPU check: the local engine on one GPU, and our estimators against verl's GRPO on GPU tensors.
+
+Two parts, each printing a table (run it on a machine with a CUDA device; ``--device cpu``
+runs the same code paths on CPU, smaller):
+
+1. Estimators on the device, side by side in this process, on verl-shaped batches (0-4 tool
+   turns with injected responses, then a summary; B x T x group): our ``slca_grpo`` and
+   ``grpo``, verl's ``compute_grpo_outcome_advantage`` and its vectorised variant, and our
+   ``slca_grpo`` through verl's own ``compute_advantage`` (the plugin's registered estimator).
+   Our ``grpo`` must equal verl's on the device before anything is timed. Median milliseconds
+   per call (CUDA synchronised), and the ratio to verl's GRPO.
+2. The local engine (``slca-exp train``, its CLI) with a random-init backbone larger than the
+   tiny default on ``engine.device``: the per-phase time of an RL step read back from the run's
+   MLflow metrics (``perf/time/*``, ``perf/step_s``), and the estimator's share of the step.
+
+    python benchmarks/gpu_check.py [--device cuda] [--sizes 1024x4096x16,4096x4096x16]
+        [--hidden 1024 --layers 8 --steps 6] [--skip-engine]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+from benchmarks.estimators import make_batch  # noqa: E402
+from slca_exp.estimators import grpo_advantages, slca_grpo_advantages  # noqa: E402
+
+PHASES = ("generate", "simulate", "reward", "advantage", "update")
+
+
+def timed(fn: Callable[[], object], device: torch.device, rounds: int) -> float:
+    """Median seconds per call of ``fn`` (after one warm-up), synchronising the device."""
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    fn()
+    sync()
+    times = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        fn()
+        sync()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def estimators(device: torch.device, sizes: list[tuple[int, int, int]], rounds: int) -> None:
+    import slca_exp.engines.verl.plugin  # noqa: F401 - registers slca_grpo in verl
+
+    print(f"estimators on {device} (median ms per call, {rounds} rounds)")
+    print(f"{'B x T x group':<18} {'competitor':<22} {'ms':>9} {'vs verl grpo':>13}")
+    for batch, length, group in sizes:
+        results = one_size(device, batch, length, group, rounds)
+        base = results["verl grpo"]
+        for name, seconds in results.items():
+            size = f"{batch}x{length}x{group}"
+            print(f"{size:<18} {name:<22} {seconds * 1e3:>9.2f} {seconds / base:>12.2f}x")
+
+
+def one_size(device: torch.device, batch: int, length: int, group: int, rounds: int) -> dict:
+    """Competitor -> median seconds on one verl-shaped batch (after the GRPO parity check)."""
+    from omegaconf import OmegaConf
+    from verl import DataProto
+    from verl.trainer.ppo import core_algos
+    from verl.trainer.ppo.ray_trainer import compute_advantage
+
+    d = make_batch(batch, length, group)
+    mask, rewards = d["mask"].to(device), d["rewards"].to(device)
+    tool, summary, total = (d[k].to(device) for k in ("tool", "summary", "total"))
+    index = d["index"]
+    ours = grpo_advantages(mask, index, total, eps=1e-6).advantages
+    verl_adv, _ = core_algos.compute_grpo_outcome_advantage(rewards, mask, index, epsilon=1e-6)
+    torch.testing.assert_close(ours, verl_adv.float(), atol=1e-5, rtol=0)
+    algo = OmegaConf.create({"adv_estimator": "slca_grpo", "norm_adv_by_std_in_grpo": True})
+
+    def through_verl() -> object:
+        data = DataProto.from_dict(tensors={"token_level_rewards": rewards, "response_mask": mask})
+        data.non_tensor_batch["uid"] = index
+        return compute_advantage(data, adv_estimator="slca_grpo", config=algo)
+
+    fns = {
+        "verl grpo": lambda: core_algos.compute_grpo_outcome_advantage(rewards, mask, index),
+        "verl grpo (vectorised)": lambda: core_algos.compute_grpo_vectorized_outcome_advantage(
+            rewards, mask, index
+        ),
+        "ours grpo": lambda: grpo_advantages(mask, index, total),
+        "ours slca_grpo": lambda: slca_grpo_advantages(mask, index, tool, summary),
+        "slca_grpo via verl": through_verl,
+    }
+    return {name: timed(fn, device, rounds) for name, fn in fns.items()}
+
+
+def engine(device: str, hidden: int, layers: int, steps: int, group: int) -> None:
+    from mlflow.tracking import MlflowClient
+
+    heads = max(1, hidden // 64)
+    with tempfile.TemporaryDirectory(prefix="slca-gpu-check-") as tmp:
+        args = [
+            str(Path(sys.executable).parent / "slca-exp"),
+            "train",
+            f"engine.device={device}",
+            f"backbone.arch.hidden_size={hidden}",
+            f"backbone.arch.num_layers={layers}",
+            f"backbone.arch.num_heads={heads}",
+            f"backbone.arch.intermediate_size={4 * hidden}",
+            "engine.sft.steps=20",
+            f"engine.rl.steps={steps}",
+            f"algorithm.group_size={group}",
+            "engine.val_rows=4",
+            "engine.val_every=0",
+            "engine.progress=false",
+            f"tracking.root={tmp}",
+        ]
+        env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+        start = time.perf_counter()
+        res = subprocess.run(args, cwd=tmp, env=env, capture_output=True, text=True)
+        wall = time.perf_counter() - start
+        if res.returncode != 0:
+            raise SystemExit(f"slca-exp train failed ({res.returncode}):\n{res.stderr[-3000:]}")
+        client = MlflowClient(f"sqlite:///{tmp}/mlflow.db")
+        experiments = client.search_experiments()
+        (run,) = [r for e in experiments for r in client.search_runs([e.experiment_id])]
+
+        def mean(name: str) -> float:
+            values = [m.value for m in client.get_metric_history(run.info.run_id, name)]
+            return statistics.mean(values[1:] or values)  # the first step warms up
+
+        step = mean("perf/step_s")
+        params = f"{hidden} hidden x {layers} layers"
+        print(f"\nlocal engine on {device}: random-init Qwen2 backbone ({params}), "
+              f"group {group}, {steps} RL steps, whole run {wall:.0f} s")  # fmt: skip
+        print(f"{'phase':<10} {'ms/step':>9} {'share':>7}")
+        for phase in PHASES:
+            ms = mean(f"perf/time/{phase}") * 1e3
+            print(f"{phase:<10} {ms:>9.1f} {ms / 10 / step:>6.1f}%")
+        print(f"{'step':<10} {step * 1e3:>9.1f}")
+        print(f"response tokens/s: {mean('perf/tokens_per_s'):,.0f}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--sizes", default="1024x4096x16,4096x4096x16", help="BxTxgroup,...")
+    parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--hidden", type=int, default=1024)
+    parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--group", type=int, default=8)
+    parser.add_argument("--skip-engine", action="store_true")
+    args = parser.parse_args()
+    device = torch.device(args.device)
+    if device.type == "cuda":
+        print(f"device: {torch.cuda.get_device_name(device)}")
+    sizes = [tuple(int(x) for x in s.split("x")) for s in args.sizes.split(",")]
+    estimators(device, sizes, args.rounds)
+    if not args.skip_engine:
+        engine(args.device, args.hidden, args.layers, args.steps, args.group)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
