@@ -28,7 +28,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from slca_exp.estimators import EstimatorParams, RolloutScores, get_estimator, segment_masks
+from slca_exp.estimators import EstimatorParams, RolloutScores, get_estimator
+from slca_exp.estimators.segments import split_segments
 
 NAMES = ("slca_grpo", "toolpo_grpo")
 """Our estimators verl knows by these names (``algorithm.adv_estimator``)."""
@@ -47,14 +48,16 @@ def segment_scores(token_level_rewards: torch.Tensor, response_mask: torch.Tenso
         (B,) float32 scores; a rollout without a tool (summary) segment scores 0 on it.
 
     """
-    rewards = token_level_rewards.float()
-    tool_mask, summary_mask = segment_masks(response_mask)
-    learnable = response_mask.bool()
-    return RolloutScores(
-        tool=(rewards * tool_mask).sum(-1),
-        summary=(rewards * summary_mask).sum(-1),
-        total=(rewards * learnable).sum(-1),
-    )
+    split = split_segments(response_mask)
+    learnable = split.mask.to(token_level_rewards.device)
+    # One pass: the running sum of the learnable tokens' rewards, read just before each
+    # summary starts (the tool segment is everything learnable before it), and at the end.
+    running = torch.where(learnable, token_level_rewards.float(), 0.0).cumsum(-1)
+    total = running[:, -1] if running.shape[1] else running.new_zeros(running.shape[0])
+    before = (split.summary_start - 1).clamp_min(0).to(running.device)
+    tool = running.gather(1, before[:, None]).squeeze(1) if running.shape[1] else total
+    tool = torch.where(split.summary_start.to(running.device) > 0, tool, 0.0)
+    return RolloutScores(tool=tool, summary=total - tool, total=total)
 
 
 def params_from(config: Any) -> EstimatorParams:  # noqa: ANN401 - DictConfig, AlgoConfig, dict
