@@ -126,8 +126,12 @@ def _train(rest: list[str]) -> int:
     informational = args.help or args.hydra_help or args.shell_completion or args.info
     # With --config-path the primary config is not ours to pre-check; the task validates it.
     cfgs: list = []
+    verl_jobs: list = []  # engine=verl: its verl config is shown (--cfg) or written (--dry-run)
     if not (informational or args.config_path):
-        status, cfgs = _check(args, unfolded.problems)
+        if args.cfg or dry_run:
+            status, cfgs, verl_jobs = _check_showing_verl(args, unfolded.problems)
+        else:
+            status, cfgs = _check(args, unfolded.problems)
         if status:
             return status
     elif unfolded.problems:
@@ -145,10 +149,95 @@ def _train(rest: list[str]) -> int:
     if dry_run:
         from slca_exp.launch.dry_run import describe
 
+        if verl_jobs and (status := _verl_configs(verl_jobs, write=True)):
+            return status
+
         print(describe(unfolded.launcher, unfolded.profile, expand_sweeps(args.overrides)))
         return 0
     sys.argv = ["slca-exp", *rest]
     train.main()
+    if args.cfg and verl_jobs:
+        return _verl_configs(verl_jobs, write=False)
+    return 0
+
+
+# --- engine=verl: `train --cfg job` shows, `train --dry-run` checks and writes the verl config ---
+# Until the verl engine runs, `verl` is not in the engine registry, so a real `train engine=verl`
+# is refused there; these two look at the translation only, so only they let it through.
+
+
+def _check_showing_verl(args, found: Sequence[Problem]) -> tuple[int, list, list]:  # noqa: ANN001
+    """:func:`_check` for ``--cfg`` and ``--dry-run``, where ``engine=verl`` may pass.
+
+    When the engine registry's "unknown engine 'verl'" is all that is wrong, each job is
+    checked again with ``engine.name=local`` (for the check only), so that everything else
+    about a verl job is still validated.
+
+    Returns:
+        ``(0 or 2, the jobs' composed configs, the typed configs of the verl jobs)``.
+
+    """
+    from slca_exp.config.validate import validate
+    from slca_exp.engines import ENGINES
+
+    def compose(job: Sequence[str]) -> tuple[list, list, list[Problem]]:
+        dirs = [args.config_dir] if args.config_dir else []
+        return compose_jobs(
+            job, config_name=args.config_name or CONFIG_NAME, extra_config_dirs=dirs
+        )
+
+    no_verl = ENGINES.unknown_message("verl")
+    jobs, cfgs, problems = compose(args.overrides)
+    verl = [validate(cfg) for cfg in cfgs if cfg.engine.name == "verl"]  # once it is installed
+    if problems and all(p.key == "engine.name" and no_verl in p.what for p in problems):
+        cfgs, problems = [], []
+        for job in jobs:
+            _, job_cfgs, job_problems = compose(job)
+            if job_problems:  # the registry's only: check the rest as if verl were installed
+                _, job_cfgs, job_problems = compose([*job, "engine.name=local"])
+                for config in map(validate, job_cfgs):
+                    config.engine.name = "verl"
+                    verl.append(config)
+            cfgs, problems = cfgs + job_cfgs, problems + job_problems
+    problems = [*found, *problems]
+    if problems:
+        print(f"slca-exp: {ConfigError(problems)}", file=sys.stderr)
+    return (0, cfgs, verl) if jobs and not problems else (EXIT_BAD_CONFIG, [], [])
+
+
+def _verl_configs(configs: list, *, write: bool) -> int:
+    """Print (``--cfg``) or check and write (``--dry-run``) each verl job's translated config.
+
+    Returns:
+        0, or 2 after naming every problem (verl's own validation included); then nothing is
+        written.
+
+    """
+    from omegaconf import OmegaConf
+
+    from slca_exp.engines.verl import config as verl
+
+    translated, problems = [], []
+    for config in configs:
+        try:
+            cfg = verl.verl_config(config)
+        except ConfigError as err:
+            problems += err.problems
+            continue
+        problems += verl.check_verl_config(cfg) if write else []
+        translated.append((config, cfg))
+    if problems:
+        print(f"slca-exp: {ConfigError(problems)}", file=sys.stderr)
+        return EXIT_BAD_CONFIG
+    for config, cfg in translated:
+        if write:
+            path = verl.write_verl_config(cfg, verl.verl_dir(config) / verl.CONFIG_FILE)
+            print(f"slca-exp: verl config checked and written to {path}")
+            for side in verl.write_side_files(config, cfg):
+                print(f"slca-exp: and {side}")
+        else:
+            print(f"# engine=verl: the translated verl config ({verl.CONFIG_FILE} + ours)")
+            print(OmegaConf.to_yaml(cfg))
     return 0
 
 

@@ -94,9 +94,7 @@ def test_a_signal_caught_by_another_thread_still_waits_for_the_step(submitit_job
     assert events == ["step recorded", "preempted"]
 
 
-def test_only_rank_0_of_a_checkpointable_submitit_job_routes_the_signal(
-    submitit_job, monkeypatch
-):
+def test_only_rank_0_of_a_checkpointable_submitit_job_routes_the_signal(submitit_job, monkeypatch):
     with preemption_requeues(checkpointable=False) as routed:
         assert not routed
     monkeypatch.setenv("SLURM_PROCID", "1")

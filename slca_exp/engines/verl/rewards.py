@@ -32,8 +32,8 @@ from typing import Any
 import torch
 from omegaconf import OmegaConf
 
-OUR_KEY = "slca_exp"
-"""Top-level key of the verl config holding our ``reward``, ``judge`` and ``simulator``."""
+from slca_exp.engines.verl.config import OUR_KEY
+
 TOOL_KEY = "slca/tool_score"
 SUMMARY_KEY = "slca/summary_score"
 SUMMARY_FAILED_KEY = "slca/summary_failed"
@@ -86,7 +86,12 @@ class SegmentScoredOutput(_OutputBase):  # type: ignore[misc, valid-type]
 class SLCAToolAgentLoop(_LoopBase):  # type: ignore[misc, valid-type]
     """verl's multi-turn tool agent loop, returning :class:`SegmentScoredOutput`."""
 
-    async def run(self, sampling_params: dict[str, Any], priority: int = 0, **kwargs: Any):  # noqa: ANN201, ANN401
+    async def run(
+        self,
+        sampling_params: dict[str, Any],
+        priority: int = 0,
+        **kwargs: Any,  # noqa: ANN401
+    ) -> SegmentScoredOutput:
         """Run verl's loop unchanged; only the output's type changes."""
         output = await super().run(sampling_params, priority, **kwargs)
         return as_segment_scored(output)
@@ -155,15 +160,6 @@ def agent_loop_config(path: str | Path) -> Path:
     target = f"{SLCAToolAgentLoop.__module__}.{SLCAToolAgentLoop.__qualname__}"
     path.write_text(OmegaConf.to_yaml([{"name": AGENT_NAME, "_target_": target}]))
     return path
-
-
-def our_section(config: Any) -> dict[str, Any]:  # noqa: ANN401 - a validated RunConfig
-    """What the verl config carries under :data:`OUR_KEY` for the reward workers and tools."""
-    return {
-        "reward": OmegaConf.to_container(OmegaConf.structured(config.reward), resolve=True),
-        "judge": OmegaConf.to_container(OmegaConf.structured(config.judge), resolve=True),
-        "simulator": OmegaConf.to_container(OmegaConf.structured(config.simulator), resolve=True),
-    }
 
 
 def _our_section(config: Any) -> Mapping[str, Any]:  # noqa: ANN401

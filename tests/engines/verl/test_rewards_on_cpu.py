@@ -22,6 +22,7 @@ from slca_exp.config.compose import compose_run  # noqa: E402
 from slca_exp.config.validate import validate  # noqa: E402
 from slca_exp.data.rows import gold_messages  # noqa: E402
 from slca_exp.data.synthetic import build_rows  # noqa: E402
+from slca_exp.engines.verl.config import our_section  # noqa: E402
 from slca_exp.engines.verl.estimators import segment_scores  # noqa: E402
 from slca_exp.engines.verl.rewards import (  # noqa: E402
     OUR_KEY,
@@ -31,7 +32,6 @@ from slca_exp.engines.verl.rewards import (  # noqa: E402
     SLCARewardManager,
     agent_loop_config,
     as_segment_scored,
-    our_section,
     place_segment_scores,
 )
 

@@ -1,0 +1,646 @@
+"""``engine=verl``: the run config translated into a complete verl 0.9.x PPO trainer config.
+
+    RunConfig (+ Recipe)
+      -> verl's own ``ppo_trainer`` composed with Hydra from verl's packaged config folder
+         (once per process, then copied)
+      -> our values, one verl key each (:func:`verl_values`; :data:`SOURCES` names the key of
+         ours each one comes from)
+      -> ``engine.verl.overrides``, applied last with Hydra's override syntax
+      == verl_config(config, recipe)                      (DictConfig, interpolations kept)
+      -> check_verl_config(cfg): verl's own checks on CPU  (list[Problem], empty when valid)
+
+The estimator is ``algorithm.adv_estimator = algorithm.name`` (``grpo`` is verl's own;
+``slca_grpo`` and ``toolpo_grpo`` are registered by :mod:`slca_exp.engines.verl.plugin`, which
+every Ray worker imports through ``VERL_USE_EXTERNAL_MODULES`` in
+``ray_kwargs.ray_init.runtime_env.env_vars``). Our estimator hyper-parameters travel under
+``algorithm.slca``: verl 0.9.1 hands the ``algorithm`` DictConfig to the estimator as it is and
+never converts it to its ``AlgoConfig`` dataclass, so the extra mapping is safe.
+
+Composing needs only verl's YAML files (verl is found, not imported); checking imports verl.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+import difflib
+import functools
+import importlib
+import importlib.util
+import io
+import os
+import re
+import warnings
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf.errors import OmegaConfBaseException
+
+from slca_exp.config.schema import RunConfig
+from slca_exp.config.validate import ConfigError, Problem
+from slca_exp.recipe import Recipe
+
+PLUGIN_MODULE = "slca_exp.engines.verl.plugin"
+"""What every verl process must import (it registers our estimators)."""
+MODULES_ENV = "VERL_USE_EXTERNAL_MODULES"
+ENV_VARS_KEY = "ray_kwargs.ray_init.runtime_env.env_vars"
+"""Where the Ray workers' environment variables go in verl's config."""
+PARAMS_KEY = "algorithm.slca"
+"""Our estimator hyper-parameters (``EstimatorParams`` fields, and ``mask_rule``)."""
+CONFIG_FILE = "ppo_trainer.yaml"
+TOOLS_FILE = "tools.yaml"
+AGENT_LOOPS_FILE = "agent_loops.yaml"
+OUR_KEY = "slca_exp"
+"""Top-level section with our reward, judge and simulator configs (read by the reward manager)."""
+
+_ACTOR, _REF = "actor_rollout_ref.actor.", "actor_rollout_ref.ref."
+_ROLLOUT, _TURNS = "actor_rollout_ref.rollout.", "actor_rollout_ref.rollout.multi_turn."
+
+FIELD_KEYS: dict[str, tuple[str, ...]] = {
+    "nnodes": ("trainer.nnodes",),
+    "n_gpus_per_node": ("trainer.n_gpus_per_node",),
+    "strategy": (_ACTOR + "strategy",),
+    "train_batch_size": ("data.train_batch_size",),
+    "ppo_mini_batch_size": (_ACTOR + "ppo_mini_batch_size",),
+    "ppo_micro_batch_size_per_gpu": (_ACTOR + "ppo_micro_batch_size_per_gpu",),
+    "log_prob_micro_batch_size_per_gpu": (
+        _ROLLOUT + "log_prob_micro_batch_size_per_gpu",
+        _REF + "log_prob_micro_batch_size_per_gpu",
+    ),
+    "max_prompt_length": ("data.max_prompt_length",),
+    "max_response_length": ("data.max_response_length",),
+    "tensor_model_parallel_size": (_ROLLOUT + "tensor_model_parallel_size",),
+    "gpu_memory_utilization": (_ROLLOUT + "gpu_memory_utilization",),
+    "temperature": (_ROLLOUT + "temperature",),
+    "max_assistant_turns": (_TURNS + "max_assistant_turns",),
+    "max_parallel_calls": (_TURNS + "max_parallel_calls",),
+    "lr": (_ACTOR + "optim.lr",),
+    "use_kl_loss": (_ACTOR + "use_kl_loss",),
+    "kl_loss_coef": (_ACTOR + "kl_loss_coef", "algorithm.kl_ctrl.kl_coef"),
+    "kl_loss_type": (_ACTOR + "kl_loss_type", "algorithm.kl_penalty"),
+    "use_kl_in_reward": ("algorithm.use_kl_in_reward",),
+    "total_epochs": ("trainer.total_epochs",),
+    "total_training_steps": ("trainer.total_training_steps",),
+    "save_freq": ("trainer.save_freq",),
+    "test_freq": ("trainer.test_freq",),
+}
+"""``engine.verl.<field>`` -> the verl keys it sets (``mask_rule``: ``algorithm.slca``)."""
+
+SOURCES: dict[str, str] = {
+    **{key: f"engine.verl.{field}" for field, keys in FIELD_KEYS.items() for key in keys},
+    "actor_rollout_ref.model.path": "backbone.path",
+    "actor_rollout_ref.model.custom_chat_template": "backbone.chat_template",
+    _ROLLOUT + "n": "algorithm.group_size",
+    _ROLLOUT + "seed": "seed",
+    _ACTOR + "data_loader_seed": "seed",
+    "data.train_files": "data.files.train",
+    "data.val_files": "data.files.val",
+    "data.seed": "data.seed",
+    "algorithm.adv_estimator": "algorithm.name",
+    "algorithm.norm_adv_by_std_in_grpo": "algorithm.norm_by_std",
+    PARAMS_KEY: "algorithm.* and engine.verl.mask_rule",
+    PARAMS_KEY + ".mask_rule": "engine.verl.mask_rule",
+    "trainer.logger": "tracking.backends",
+    "trainer.project_name": "experiment_name",
+    "trainer.experiment_name": "run_name",
+}
+"""verl key -> the key of ours it is translated from (a problem's fix names it)."""
+
+FIXED: dict[str, Any] = {
+    _ROLLOUT + "name": "vllm",
+    _TURNS + "enable": True,
+    _TURNS + "format": "hermes",
+    # verl's tool agent loop, whose output carries R_tool and R_sum at their segments' ends
+    # (listed in the agent-loop config written next to this one: AGENT_LOOPS_FILE)
+    _ROLLOUT + "agent.default_agent_loop": "slca_tool_agent",
+    # HierR + the judge, per trajectory (slca_exp/engines/verl/rewards.py)
+    "reward.reward_manager.source": "importlib",
+    "reward.reward_manager.name": "SLCARewardManager",
+    "reward.reward_manager.module.path": "pkg://slca_exp.engines.verl.rewards",
+    "critic.enable": False,  # GRPO-family estimators: no value model
+}
+"""verl values every translated config has."""
+
+
+def verl_config(config: RunConfig, recipe: Recipe | None = None) -> DictConfig:
+    """The complete verl PPO trainer config of a run.
+
+    Args:
+        config: the validated run config (``engine.verl`` holds the verl settings).
+        recipe: its recipe, when built: the data files it checked and the trackers' run name.
+
+    Returns:
+        verl's composed ``ppo_trainer`` with our values, then ``engine.verl.overrides``; verl's
+        own interpolations are kept (its TaskRunner resolves them).
+
+    Raises:
+        ConfigError: verl is not installed, the backbone cannot run on verl, or an override is
+            bad (each problem names its key).
+
+    """
+    if config.backbone.source == "builtin" or not config.backbone.path:
+        raise ConfigError(
+            [
+                Problem(
+                    "backbone.source",
+                    "engine=verl loads a Hugging Face checkpoint; a builtin backbone exists only "
+                    "inside the local engine",
+                    "pick a hub or local backbone, e.g. backbone=qwen2.5-7b-instruct",
+                )
+            ]
+        )
+    cfg = copy.deepcopy(_compose_base(str(verl_config_dir())))
+    with open_dict(cfg):
+        for key, value in verl_values(config, recipe).items():
+            new = key in (PARAMS_KEY, ENV_VARS_KEY, OUR_KEY)
+            if not (new or _has(cfg, key)):  # our own table must use verl's names exactly
+                raise KeyError(f"{key!r} is not a key of verl's ppo_trainer config")
+            OmegaConf.update(cfg, key, value, merge=False, force_add=new)
+    problems = [
+        problem
+        for i, text in enumerate(config.engine.verl.overrides)
+        if (problem := _apply_override(cfg, text, f"engine.verl.overrides[{i}]")) is not None
+    ]
+    if problems:
+        raise ConfigError(problems)
+    return cfg
+
+
+def verl_values(config: RunConfig, recipe: Recipe | None = None) -> dict[str, Any]:
+    """Our values by verl key: :data:`FIELD_KEYS`, :data:`SOURCES`, :data:`FIXED` and the rest."""
+    v = config.engine.verl
+    folder = verl_dir(config)
+    train, val = _data_files(config, recipe)
+    values = {key: getattr(v, field) for field, keys in FIELD_KEYS.items() for key in keys}
+    values.update(FIXED)
+    values.update(
+        {
+            "actor_rollout_ref.model.path": config.backbone.path,
+            "actor_rollout_ref.model.custom_chat_template": _chat_template(config),
+            _ROLLOUT + "n": config.algorithm.group_size,
+            _ROLLOUT + "seed": config.seed,
+            _ACTOR + "data_loader_seed": config.seed,
+            # Written into the run folder with this config (write_side_files); not read here.
+            _TURNS + "tool_config_path": str(folder / TOOLS_FILE),
+            _ROLLOUT + "agent.agent_loop_config_path": str(folder / AGENT_LOOPS_FILE),
+            OUR_KEY: our_section(config),
+            "data.train_files": train,
+            "data.val_files": val,
+            "data.seed": config.data.seed,
+            "algorithm.adv_estimator": config.algorithm.name,  # grpo: verl's; ours: the plugin
+            "algorithm.norm_adv_by_std_in_grpo": config.algorithm.norm_by_std,
+            PARAMS_KEY: {**estimator_params(config), "mask_rule": v.mask_rule},
+            "trainer.logger": list(config.tracking.backends),  # verl has the same three names
+            "trainer.project_name": config.experiment_name,
+            "trainer.experiment_name": _run_name(config, recipe),
+            "trainer.default_local_dir": str(folder / "checkpoints"),
+            ENV_VARS_KEY: worker_env(config),
+        }
+    )
+    return values
+
+
+def our_section(config: RunConfig) -> dict[str, Any]:
+    """What the verl config carries under :data:`OUR_KEY` for the reward workers and tools."""
+    return {
+        name: OmegaConf.to_container(OmegaConf.structured(getattr(config, name)), resolve=True)
+        for name in ("reward", "judge", "simulator")
+    }
+
+
+def write_side_files(config: RunConfig, cfg: DictConfig) -> list[Path]:
+    """Write the agent-loop config and, when the train split is here, the tool config.
+
+    Both go where ``cfg`` points verl (``<run folder>/verl``). The tool config needs the split's
+    tool schemas: for data that lives only on the cluster it is written at launch.
+    """
+    from slca_exp.engines.verl.rewards import agent_loop_config
+    from slca_exp.engines.verl.tools import write_tool_config
+
+    written = [agent_loop_config(OmegaConf.select(cfg, _ROLLOUT + "agent.agent_loop_config_path"))]
+    train = OmegaConf.select(cfg, "data.train_files")
+    train = train[0] if isinstance(train, (list, tuple)) or OmegaConf.is_list(train) else train
+    if train and Path(train).is_file():
+        import pyarrow.parquet as pq
+
+        rows = pq.read_table(train, columns=["reward_model"]).to_pylist()
+        tools = OmegaConf.select(cfg, _TURNS + "tool_config_path")
+        written.append(write_tool_config(tools, rows, config.simulator))
+    return written
+
+
+def estimator_params(config: RunConfig) -> dict[str, Any]:
+    """Our ``EstimatorParams`` fields from ``algorithm``: what ``algorithm.slca`` holds."""
+    from slca_exp.estimators import EstimatorParams
+
+    return {f.name: getattr(config.algorithm, f.name) for f in dataclasses.fields(EstimatorParams)}
+
+
+def worker_env(config: RunConfig) -> dict[str, str]:
+    """Environment variables of every Ray worker (``ray_kwargs.ray_init.runtime_env.env_vars``).
+
+    ``VERL_USE_EXTERNAL_MODULES`` names our plugin (after any module this process's
+    environment already names); ``SLCA_EXP_PLUGINS`` travels when set; verl's own MLflow and
+    W&B loggers are pointed where ours write.
+    """
+    from slca_exp.plugins import PLUGINS_ENV
+
+    modules = [m.strip() for m in os.environ.get(MODULES_ENV, "").split(",") if m.strip()]
+    env = {MODULES_ENV: ",".join(dict.fromkeys([*modules, PLUGIN_MODULE]))}
+    if os.environ.get(PLUGINS_ENV):
+        env[PLUGINS_ENV] = os.environ[PLUGINS_ENV]
+    if "mlflow" in config.tracking.backends:
+        from slca_exp.tracking.mlflow import store_uri
+
+        env["MLFLOW_TRACKING_URI"] = store_uri(config.tracking)
+    if "wandb" in config.tracking.backends:
+        env["WANDB_MODE"] = config.tracking.wandb_mode
+    return env
+
+
+def verl_dir(config: RunConfig) -> Path:
+    """``<run folder>/verl``: the translated config, the tool config, verl's checkpoints."""
+    from slca_exp.engines.local.state import run_dir
+
+    return run_dir(config) / "verl"
+
+
+def write_verl_config(cfg: DictConfig, path: str | Path) -> Path:
+    """Write ``cfg`` as YAML (interpolations kept), creating its folder; returns ``path``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(OmegaConf.to_yaml(cfg))
+    return path
+
+
+def verl_config_dir() -> Path:
+    """The trainer config folder verl ships (found without importing verl).
+
+    Raises:
+        ConfigError: verl is not installed.
+
+    """
+    spec = importlib.util.find_spec("verl")
+    if spec is None or not spec.submodule_search_locations:
+        raise ConfigError(
+            [
+                Problem(
+                    "engine.name",
+                    "engine=verl needs verl 0.9.x installed in this environment",
+                    "pip install 'slca-exp[verl]' (CPU) or 'slca-exp[gpu]' (clusters)",
+                )
+            ]
+        )
+    return Path(next(iter(spec.submodule_search_locations))) / "trainer" / "config"
+
+
+@functools.lru_cache(maxsize=2)
+def _compose_base(config_dir: str) -> DictConfig:
+    """Compose verl's ``ppo_trainer`` as ``verl.trainer.main_ppo`` does (cached: copy it).
+
+    A Hydra app may be running (the train task): its global state is put back afterwards.
+    """
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.initialize import get_gh_backup, restore_gh_from_backup
+
+    backup = get_gh_backup()
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir, job_name="slca-exp-verl", version_base="1.3"):
+            return compose(config_name=Path(CONFIG_FILE).stem)
+    finally:
+        restore_gh_from_backup(backup)
+
+
+def _has(cfg: DictConfig, key: str) -> bool:
+    """Whether ``key`` is in ``cfg``, a missing (``???``) value included."""
+    parent, _, leaf = key.rpartition(".")
+    node = OmegaConf.select(cfg, parent, default=None) if parent else cfg
+    return isinstance(node, DictConfig) and leaf in node.keys()  # noqa: SIM118 - keys() has ???
+
+
+def _data_files(config: RunConfig, recipe: Recipe | None) -> tuple[str | None, str | None]:
+    """Train and val files: the recipe's checked paths, else where the config puts them.
+
+    Without a recipe nothing is read or generated (the Toucan files live on the cluster).
+    """
+    if recipe is not None and recipe.data.get("files"):
+        files = recipe.data["files"]
+        return (files.get("train") or {}).get("path"), (files.get("val") or {}).get("path")
+    d = config.data
+    if d.kind == "synthetic":
+        from slca_exp.data.splits import SPLIT_FILES, synthetic_dir
+
+        folder = synthetic_dir(config)
+        return str(folder / SPLIT_FILES["train"]), str(folder / SPLIT_FILES["val"])
+    base = Path(d.dir).expanduser() if d.dir else Path.cwd()  # as data/splits.py resolves them
+    train, val = (str((base / f).resolve()) if f else None for f in (d.files.train, d.files.val))
+    return train, val
+
+
+def _chat_template(config: RunConfig) -> str | None:
+    """The template's text (verl's ``custom_chat_template`` takes the template, not a path)."""
+    path = config.backbone.chat_template
+    if not path:
+        return None
+    try:
+        return Path(path).read_text()
+    except OSError as err:
+        raise ConfigError(
+            [Problem("backbone.chat_template", f"cannot read {path!r}: {err}", "fix the path")]
+        ) from None
+
+
+def _run_name(config: RunConfig, recipe: Recipe | None) -> str:
+    """The trackers' run name (``tracking/build.py``); without a recipe, the run folder's key."""
+    if recipe is not None:
+        from slca_exp.tracking.build import run_name
+        from slca_exp.tracking.redact import Redactor
+
+        return run_name(config, recipe, Redactor.for_config(config))
+    if config.run_name:
+        return config.run_name
+    from slca_exp.engines.local.state import run_key
+
+    return f"{config.algorithm.name}-{run_key(config)}"
+
+
+# --- engine.verl.overrides ---------------------------------------------------------------------
+
+
+def _apply_override(cfg: DictConfig, text: str, where: str) -> Problem | None:
+    """Apply one verl value override with Hydra's semantics; a problem instead of raising."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    try:
+        (override,) = OverridesParser.create().parse_overrides([text])
+    except HydraException as err:
+        return Problem(where, f"{text!r} is not an override: {_first_line(err)}", _SYNTAX)
+    key = override.key_or_group
+    if override.package is not None or "/" in key or key in _verl_groups():
+        return Problem(
+            where,
+            f"{text!r} picks a verl config group; only values can be overridden here",
+            "set the values you need one by one, e.g. actor_rollout_ref.actor.clip_ratio=0.2",
+        )
+    if override.is_sweep_override():
+        return Problem(where, f"{text!r} is a sweep", "sweep our keys with -m; one value here")
+    exists = _has(cfg, key)
+    try:
+        with open_dict(cfg):
+            if override.is_delete() and exists:
+                parent, _, leaf = key.rpartition(".")
+                del (OmegaConf.select(cfg, parent) if parent else cfg)[leaf]
+            elif override.is_add() and exists:
+                return Problem(where, f"verl already has {key}", f"write {key}=<value>")
+            elif not exists and not (override.is_add() or override.is_force_add()):
+                return _not_a_key(cfg, key, where, override.is_delete())
+            else:
+                OmegaConf.update(cfg, key, override.value(), merge=True, force_add=True)
+    except (OmegaConfBaseException, ValueError) as err:
+        return Problem(where, f"{text!r}: {_first_line(err)}", _SYNTAX)
+    return None
+
+
+_SYNTAX = "write key=value, +key=value (a new key), ++key=value or ~key with verl's key names"
+
+
+def _not_a_key(cfg: DictConfig, key: str, where: str, delete: bool) -> Problem:
+    parent, _, leaf = key.rpartition(".")
+    node = OmegaConf.select(cfg, parent, default=None) if parent else cfg
+    close = difflib.get_close_matches(leaf, list(node), n=1) if isinstance(node, DictConfig) else []
+    hint = f"did you mean {parent + '.' if parent else ''}{close[0]}? " if close else ""
+    return Problem(
+        where,
+        f"verl's config has no key {key!r}",
+        f"{hint}use verl's key names (verl/trainer/config/*.yaml)"
+        + ("" if delete else f", or +{key}=... to add one"),
+    )
+
+
+@functools.lru_cache(maxsize=1)
+def _verl_groups() -> frozenset[str]:
+    return frozenset(p.name for p in verl_config_dir().iterdir() if p.is_dir() and p.name[0] != "_")
+
+
+def _first_line(err: BaseException) -> str:
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    return lines[0] if lines else type(err).__name__
+
+
+# --- verl's own checks -------------------------------------------------------------------------
+
+
+def check_verl_config(cfg: DictConfig) -> list[Problem]:
+    """Run verl's own checks of a translated config on CPU; every problem found.
+
+    What ``verl.trainer.main_ppo`` checks before Ray starts (``validate_config``, which stops at
+    its first failure), the dataclass conversions its workers do (rollout with its multi-turn,
+    agent-loop and checkpoint-engine parts; critic and distillation when used), the registries
+    it looks names up in (the advantage estimator after importing the modules its workers
+    import, tool parser, agent loop, reward manager, trainer mode, loggers), and the
+    divisibility its workers assert once on GPUs. Not checked here: the model files
+    (``HFModelConfig`` reads them) and the tool config file (written at launch).
+
+    Args:
+        cfg: a config from :func:`verl_config` (left unchanged).
+
+    Returns:
+        Problems keyed by the verl key; each fix names the key of ours it comes from.
+
+    """
+    cfg = copy.deepcopy(cfg)
+    unused = tuple(  # sections verl never reads with these settings (they keep their ???)
+        f"{section}."
+        for section, on in (("reward.reward_model", "enable"), ("distillation", "enabled"))
+        if not OmegaConf.select(cfg, f"{section}.{on}", default=False)
+    )
+    missing = [
+        _problem(key, "has no value (???)")
+        for key in sorted(OmegaConf.missing_keys(cfg))
+        if not key.startswith(unused)
+    ]
+    if missing:
+        return missing
+    try:
+        OmegaConf.resolve(cfg)
+    except OmegaConfBaseException as err:
+        return [_problem(str(getattr(err, "full_key", "") or "<verl config>"), _first_line(err))]
+    with warnings.catch_warnings():  # verl warns about optional engines it cannot import
+        warnings.simplefilter("ignore")
+        return _verl_checks(cfg)
+
+
+def _verl_checks(cfg: DictConfig) -> list[Problem]:
+    from verl.experimental.agent_loop.agent_loop import _agent_loop_registry
+    from verl.experimental.agent_loop.tool_parser import ToolParser
+    from verl.experimental.reward_loop.reward_manager.registry import REWARD_MANAGER
+    from verl.trainer.ppo import core_algos
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.trainer.ppo.v1 import get_trainer_cls
+    from verl.utils.config import omega_conf_to_dataclass, validate_config
+    from verl.utils.tracking import Tracking
+
+    problems = _import_worker_modules(cfg)
+    use_ref, use_critic = need_reference_policy(cfg), need_critic(cfg)
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):  # it prints its notices and a success line
+            validate_config(cfg, use_reference_policy=use_ref, use_critic=use_critic)
+    except Exception as err:  # noqa: BLE001 - any failure of verl's check is a problem
+        problems.append(_from_verl(err))
+    converted = ["actor_rollout_ref.rollout"] + (["critic"] if use_critic else [])
+    if cfg.distillation.get("enabled"):
+        converted.append("distillation")
+    for section in converted:  # as verl's workers convert them (the actor: in validate_config)
+        try:
+            omega_conf_to_dataclass(OmegaConf.select(cfg, section))
+        except Exception as err:  # noqa: BLE001
+            problems.append(_from_verl(err, section))
+    rollout = cfg.actor_rollout_ref.rollout
+    estimators = {
+        *core_algos.ADV_ESTIMATOR_REGISTRY,
+        *(e.value for e in core_algos.AdvantageEstimator),
+    }
+    loop, loggers = rollout.agent.default_agent_loop, cfg.trainer.logger or []
+    loops = {*_agent_loop_registry}
+    if rollout.agent.get("agent_loop_config_path"):  # our loop, listed in the file written
+        from slca_exp.engines.verl.rewards import AGENT_NAME, SLCAToolAgentLoop  # noqa: F401
+
+        loops.add(AGENT_NAME)
+    named = [
+        ("algorithm.adv_estimator", cfg.algorithm.adv_estimator, estimators),
+        (_TURNS + "format", rollout.multi_turn.format, ToolParser._registry),
+        (_ROLLOUT + "agent.default_agent_loop", loop, loops),
+        *((f"trainer.logger[{i}]", n, Tracking.supported_backend) for i, n in enumerate(loggers)),
+    ]
+    manager = cfg.reward.reward_manager
+    if manager.source == "register":
+        named.append(("reward.reward_manager.name", manager.name, REWARD_MANAGER))
+    else:  # importlib: load the class as verl's reward workers will
+        from verl.trainer.ppo.reward import resolve_reward_manager_cls
+
+        try:
+            resolve_reward_manager_cls(cfg)
+        except Exception as err:  # noqa: BLE001 - any failure to load it is a problem
+            problems.append(_from_verl(err, "reward.reward_manager"))
+    for key, name, known in named:
+        if name not in known:
+            problems.append(_problem(key, f"verl knows no {name!r}", f"one of {', '.join(known)}"))
+    adapter = importlib.import_module("slca_exp.engines.verl.estimators")
+    rules = tuple(getattr(adapter, "MASK_RULES", ("parity",)))  # what the adapter implements
+    rule = OmegaConf.select(cfg, PARAMS_KEY + ".mask_rule", default="parity")
+    if rule not in rules:  # never let a setting be ignored silently
+        problems.append(
+            _problem(
+                PARAMS_KEY + ".mask_rule",
+                f"mask rule {rule!r}: the verl estimator adapter implements {', '.join(rules)}",
+                f"use {rules[0]}",
+            )
+        )
+    try:
+        get_trainer_cls(cfg.trainer.v1.trainer_mode)
+    except ValueError as err:
+        problems.append(_problem("trainer.v1.trainer_mode", _first_line(err)))
+    return problems + _gpu_checks(cfg)
+
+
+def _import_worker_modules(cfg: DictConfig) -> list[Problem]:
+    """Import what ``VERL_USE_EXTERNAL_MODULES`` names, as every verl worker will."""
+    env = OmegaConf.select(cfg, ENV_VARS_KEY, default=None) or {}
+    problems = []
+    for module in filter(None, (m.strip() for m in str(env.get(MODULES_ENV, "")).split(","))):
+        try:
+            importlib.import_module(module)
+        except Exception as err:  # noqa: BLE001 - the worker's failure, reported here
+            problems.append(
+                _problem(
+                    f"{ENV_VARS_KEY}.{MODULES_ENV}",
+                    f"verl's workers would fail to import {module!r}: {type(err).__name__}: {err}",
+                    "install the module where verl runs, or remove it from the list",
+                )
+            )
+    return problems
+
+
+def _gpu_checks(cfg: DictConfig) -> list[Problem]:
+    """What verl's workers assert once on GPUs (``verl/workers/engine_workers.py``)."""
+    rollout, actor = cfg.actor_rollout_ref.rollout, cfg.actor_rollout_ref.actor
+    n_gpus = cfg.trainer.n_gpus_per_node * cfg.trainer.nnodes
+    replica = (
+        rollout.tensor_model_parallel_size
+        * rollout.data_parallel_size
+        * rollout.pipeline_model_parallel_size
+    )
+    problems = []
+    if n_gpus % replica:
+        problems.append(
+            _problem(
+                _ROLLOUT + "tensor_model_parallel_size",
+                f"a vLLM replica spans {replica} GPUs (tensor x data x pipeline parallel), which "
+                f"does not divide the {n_gpus} GPUs (nnodes x n_gpus_per_node)",
+                "pick a tensor parallel size that divides the GPUs per node",
+            )
+        )
+    dp = n_gpus // max(1, int(actor.get("ulysses_sequence_parallel_size") or 1))
+    mini = actor.ppo_mini_batch_size * rollout.n
+    if not actor.use_dynamic_bsz and dp and mini % dp:
+        problems.append(
+            _problem(
+                _ACTOR + "ppo_mini_batch_size",
+                f"a mini-batch of {actor.ppo_mini_batch_size} prompts x n={rollout.n} = {mini} "
+                f"rollouts does not split over {dp} data-parallel ranks",
+                f"make ppo_mini_batch_size x group size a multiple of {dp}",
+            )
+        )
+    return problems
+
+
+_MESSAGES = [
+    (r"real_train_batch_size", "data.train_batch_size"),
+    (r"train_batch_size \(\d+\) must be >=", _ACTOR + "ppo_mini_batch_size"),
+    (r"ppo_micro_batch_size", _ACTOR + "ppo_micro_batch_size_per_gpu"),
+    (r"\[actor_rollout_ref\.ref\]", _REF + "log_prob_micro_batch_size_per_gpu"),
+    (r"\[actor_rollout_ref\.rollout\]", _ROLLOUT + "log_prob_micro_batch_size_per_gpu"),
+    (r"validation gen temperature", _ROLLOUT + "temperature"),
+    (r"expert_parallel_size", _ROLLOUT + "expert_parallel_size"),
+    (r"pipeline_model_parallel_size", _ROLLOUT + "pipeline_model_parallel_size"),
+    (r"loss_agg_mode", _ACTOR + "loss_agg_mode"),
+]
+"""verl's check messages -> the verl key they are about (where the message does not say)."""
+_KEY_IN_TEXT = re.compile(
+    r"\b((?:actor_rollout_ref|data|trainer|algorithm|critic|reward)(?:\.\w+)+)"
+)
+_ALSO = {
+    "data.train_batch_size": "algorithm.group_size, engine.verl.nnodes and n_gpus_per_node",
+    _ROLLOUT + "tensor_model_parallel_size": "engine.verl.nnodes and n_gpus_per_node",
+    _ACTOR + "ppo_mini_batch_size": "algorithm.group_size, engine.verl.nnodes and n_gpus_per_node",
+}
+"""Keys of ours that take part in the check of a verl key besides its own source."""
+
+
+def _from_verl(err: BaseException, section: str = "") -> Problem:
+    """A problem from an exception of verl's checks, keyed by the verl key it concerns."""
+    text = " ".join(str(err).split()) or type(err).__name__
+    key = next((k for pattern, k in _MESSAGES if re.search(pattern, text)), None)
+    if key is None and (found := _KEY_IN_TEXT.search(text)):
+        key = found.group(1)
+    if key is None and getattr(err, "full_key", None):
+        key = f"{section}.{err.full_key}" if section else str(err.full_key)
+    return _problem(key or section or "<verl config>", f"verl: {text}")
+
+
+def _problem(key: str, what: str, fix: str = "") -> Problem:
+    """A problem on verl key ``key``; the fix names the key of ours it is translated from."""
+    key_of = re.sub(r"\[\d+\]$", "", key)  # trainer.logger[1] comes from trainer.logger
+    if key_of in SOURCES:
+        also = f" (with {_ALSO[key_of]})" if key_of in _ALSO else ""
+        where = f"change {SOURCES[key_of]}{also}"
+    elif key in FIXED:
+        where = f"slca-exp always sets {key}={FIXED[key]}; override it in engine.verl.overrides"
+    else:
+        where = "set it in engine.verl.overrides"
+    return Problem(key, what, f"{fix}; {where}" if fix else where)
