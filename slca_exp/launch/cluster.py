@@ -53,6 +53,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, TypeVar
 
+from slca_exp.tracking.base import signals_deferred
+
 T = TypeVar("T")
 
 PORT_RANGE = (20000, 32000)
@@ -470,7 +472,7 @@ def _serve_head(
             raise ClusterError(_describe(failures)) from exc
         raise
     finally:
-        with _sigterm_held():
+        with signals_deferred():  # stopping the nodes must not be cut
             _restore_env("RAY_ADDRESS", previous_address)
             _disconnect_driver()
             if done:
@@ -631,7 +633,7 @@ def _serve_worker(task: TaskInfo, join_timeout_s: float, temp_dir: Path) -> None
         left_cleanly = True
     except BaseException as exc:
         report_failure(task, exc)
-        with _sigterm_held():
+        with signals_deferred():  # stopping the nodes must not be cut
             # Give the head time to read the report (srun --kill-on-bad-exit would stop it).
             _wait_until(
                 lambda: bool(_present(task) & {HEAD_FAILED, HEAD_DONE}),
@@ -641,7 +643,7 @@ def _serve_worker(task: TaskInfo, join_timeout_s: float, temp_dir: Path) -> None
             )
         raise
     finally:
-        with _sigterm_held():
+        with signals_deferred():  # stopping the nodes must not be cut
             if node is not None:
                 node.stop(remove_temp_dir=left_cleanly)
                 with contextlib.suppress(OSError):
@@ -1161,12 +1163,16 @@ def _gpu_share(
 
 @contextlib.contextmanager
 def _sigterm_raises() -> Iterator[None]:
-    """SIGTERM raises :class:`~slca_exp.tracking.base.RunKilled` (main thread only)."""
+    """SIGTERM raises :class:`~slca_exp.tracking.base.RunKilled` (main thread only).
+
+    The handler waits for an open ``signals_deferred`` block (stopping the nodes).
+    """
     if not _in_main_thread():
         yield
         return
-    from slca_exp.tracking.base import RunKilled
+    from slca_exp.tracking.base import RunKilled, deferrable
 
+    @deferrable
     def handler(signum: int, frame: object) -> None:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # let the nodes be stopped
         raise RunKilled(f"received signal {signum}")
@@ -1176,20 +1182,6 @@ def _sigterm_raises() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
-
-
-@contextlib.contextmanager
-def _sigterm_held() -> Iterator[None]:
-    """Deliver a SIGTERM only once the block is over (stopping the nodes must not be cut)."""
-    if not _in_main_thread():
-        yield
-        return
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
-    try:
-        yield
-    finally:
-        if signal.SIGTERM not in previous:
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
 
 
 def _in_main_thread() -> bool:

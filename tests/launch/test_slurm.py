@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
+from tests.engines.test_engine_runs_on_cpu import TINY
+
 pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.usefixtures("slurm")]
 
 REPO = Path(__file__).resolve().parents[2]
@@ -23,16 +25,8 @@ SMALL = [  # the profile asks for 8 CPUs and 32 GB, more than this one node has
     "launcher.mem_gb=2",
 ]
 TINY_LOCAL = [  # the local engine at a size that runs a step in a fraction of a second
-    "data.rows=16",
-    "engine.sft.steps=5",
-    "engine.sft.batch_size=4",
-    "engine.val_rows=2",
-    "algorithm.group_size=2",
-    "engine.rollout.prompts_per_step=2",
-    "engine.rollout.max_turn_tokens=32",
-    "engine.rollout.max_response_tokens=96",
+    *(o for o in TINY if not o.startswith("engine.checkpoint_every=")),
     "engine.checkpoint_every=5",
-    "engine.progress=false",
 ]
 
 
