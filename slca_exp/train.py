@@ -66,8 +66,10 @@ def run(cfg: DictConfig) -> object:
     try:
         prepared = prepare(cfg)
     except BaseException as exc:
-        if task is not None:  # rank 0 fails at once, with this task's log path (or the
-            report_failure(task, exc)  # workers stop waiting, when rank 0 is the one failing)
+        # In a multi-task job, tell the others: rank 0 then fails at once naming this task's
+        # log, or, when rank 0 is the one failing, the workers stop waiting for it.
+        if task is not None:
+            report_failure(task, exc)
         raise
     if task is None:
         return _run_prepared(cfg, *prepared)
