@@ -75,5 +75,4 @@ def preemption_requeues(checkpointable: bool) -> Iterator[bool]:
         requeue(signum, None)  # submitit: requeue (or refuse, past max_num_timeout) and exit
         raise
     finally:
-        if signal.getsignal(signum) in (_raise_preempted, signal.SIG_IGN):
-            signal.signal(signum, requeue)
+        signal.signal(signum, requeue)  # submitit's again, for whatever runs after the task

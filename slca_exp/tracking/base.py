@@ -264,6 +264,11 @@ def signals_deferred() -> Iterator[None]:
             handler(signum, None)  # raises (RunKilled, RunPreempted)
 
 
+def held_signal() -> int | None:
+    """The signal an open :func:`signals_deferred` block is holding back, if any."""
+    return None if _Deferral.pending is None else _Deferral.pending[1]
+
+
 def deferrable(handler: Callable[[int, object], None]) -> Callable[[int, object], None]:
     """``handler`` as a signal handler that waits for the open :func:`signals_deferred` block."""
 

@@ -4,7 +4,6 @@ The real thing (a SLURM time limit, a requeue, the same MLflow run continued) is
 ``test_slurm.py``; these tests pin the order of events with a stand-in for submitit's handler.
 """
 
-import os
 import signal
 import threading
 import time
@@ -12,7 +11,13 @@ import time
 import pytest
 
 from slca_exp.launch.requeue import preemption_requeues, submitit_handler
-from slca_exp.tracking.base import RunKilled, RunPreempted, preempt_signal, signals_deferred
+from slca_exp.tracking.base import (
+    RunKilled,
+    RunPreempted,
+    held_signal,
+    preempt_signal,
+    signals_deferred,
+)
 
 
 class FakeSubmititHandler:
@@ -42,7 +47,7 @@ def test_the_engine_checkpoints_before_submitit_requeues(submitit_job):
     with pytest.raises(SystemExit), preemption_requeues(checkpointable=True) as routed:
         assert routed
         try:
-            os.kill(os.getpid(), signal.SIGUSR2)
+            signal.pthread_kill(threading.main_thread().ident, signal.SIGUSR2)
             events.append("kept running")  # never: the signal raises at once
         except RunKilled as err:  # an engine's handler: RunPreempted is a RunKilled
             assert isinstance(err, RunPreempted)
@@ -59,7 +64,7 @@ def test_a_signal_during_a_recorded_step_waits_for_the_step(submitit_job):
     with pytest.raises(SystemExit), preemption_requeues(checkpointable=True):
         try:
             with signals_deferred():
-                os.kill(os.getpid(), signal.SIGUSR2)
+                signal.pthread_kill(threading.main_thread().ident, signal.SIGUSR2)
                 with signals_deferred():  # nested: the outer block still holds the signal
                     events.append("update")
                 events.append("metrics and checkpoint")
@@ -82,7 +87,10 @@ def test_a_signal_caught_by_another_thread_still_waits_for_the_step(submitit_job
             try:
                 with signals_deferred():
                     signal.pthread_kill(other.ident, signal.SIGUSR2)
-                    time.sleep(0.2)  # the handler would have run by now
+                    deadline = time.monotonic() + 10
+                    while held_signal() is None and time.monotonic() < deadline:
+                        time.sleep(0.01)  # the handler runs here, in the main thread
+                    assert held_signal() == signal.SIGUSR2  # noted, not raised
                     events.append("step recorded")
                 events.append("next step")
             except RunPreempted:
