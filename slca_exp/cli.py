@@ -162,51 +162,28 @@ def _train(rest: list[str]) -> int:
 
 
 # --- engine=verl: `train --cfg job` shows, `train --dry-run` checks and writes the verl config ---
-# Until the verl engine runs, `verl` is not in the engine registry, so a real `train engine=verl`
-# is refused there; these two look at the translation only, so only they let it through.
 
 
 def _check_showing_verl(args, found: Sequence[Problem]) -> tuple[int, list, list]:  # noqa: ANN001
-    """:func:`_check` for ``--cfg`` and ``--dry-run``, where ``engine=verl`` may pass.
-
-    When the engine registry's "unknown engine 'verl'" is all that is wrong, each job is
-    checked again with ``engine.name=local`` (for the check only), so that everything else
-    about a verl job is still validated.
+    """:func:`_check`, plus the typed configs of the ``engine=verl`` jobs (to show or write).
 
     Returns:
         ``(0 or 2, the jobs' composed configs, the typed configs of the verl jobs)``.
 
     """
     from slca_exp.config.validate import validate
-    from slca_exp.engines import ENGINES
 
-    def compose(job: Sequence[str]) -> tuple[list, list, list[Problem]]:
-        dirs = [args.config_dir] if args.config_dir else []
-        return compose_jobs(
-            job, config_name=args.config_name or CONFIG_NAME, extra_config_dirs=dirs
-        )
-
-    no_verl = ENGINES.unknown_message("verl")
-    jobs, cfgs, problems = compose(args.overrides)
-    verl = [validate(cfg) for cfg in cfgs if cfg.engine.name == "verl"]  # once it is installed
-    if problems and all(p.key == "engine.name" and no_verl in p.what for p in problems):
-        cfgs, problems = [], []
-        for job in jobs:
-            _, job_cfgs, job_problems = compose(job)
-            if job_problems:  # the registry's only: check the rest as if verl were installed
-                _, job_cfgs, job_problems = compose([*job, "engine.name=local"])
-                for config in map(validate, job_cfgs):
-                    config.engine.name = "verl"
-                    verl.append(config)
-            cfgs, problems = cfgs + job_cfgs, problems + job_problems
-    problems = [*found, *problems]
-    if problems:
-        print(f"slca-exp: {ConfigError(problems)}", file=sys.stderr)
-    return (0, cfgs, verl) if jobs and not problems else (EXIT_BAD_CONFIG, [], [])
+    status, cfgs = _check(args, found)
+    if status:
+        return status, [], []
+    return 0, cfgs, [validate(cfg) for cfg in cfgs if cfg.engine.name == "verl"]
 
 
 def _verl_configs(configs: list, *, write: bool) -> int:
-    """Print (``--cfg``) or check and write (``--dry-run``) each verl job's translated config.
+    """Print (``--cfg``) or check and write (``--dry-run``) each verl job's translated configs.
+
+    The RL config (``ppo_trainer.yaml`` and its side files) and, when ``engine.sft.enabled``,
+    the SFT config (``sft_trainer.yaml``).
 
     Returns:
         0, or 2 after naming every problem (verl's own validation included); then nothing is
@@ -216,28 +193,39 @@ def _verl_configs(configs: list, *, write: bool) -> int:
     from omegaconf import OmegaConf
 
     from slca_exp.engines.verl import config as verl
+    from slca_exp.engines.verl import sft
 
     translated, problems = [], []
     for config in configs:
         try:
             cfg = verl.verl_config(config)
+            sft_cfg = sft.sft_config(config) if config.engine.sft.enabled else None
         except ConfigError as err:
             problems += err.problems
             continue
-        problems += verl.check_verl_config(cfg) if write else []
-        translated.append((config, cfg))
+        if write:
+            problems += verl.check_verl_config(cfg)
+            problems += sft.check_sft_config(sft_cfg) if sft_cfg is not None else []
+        translated.append((config, cfg, sft_cfg))
     if problems:
         print(f"slca-exp: {ConfigError(problems)}", file=sys.stderr)
         return EXIT_BAD_CONFIG
-    for config, cfg in translated:
+    for config, cfg, sft_cfg in translated:
+        folder = verl.verl_dir(config)
         if write:
-            path = verl.write_verl_config(cfg, verl.verl_dir(config) / verl.CONFIG_FILE)
+            path = verl.write_verl_config(cfg, folder / verl.CONFIG_FILE)
             print(f"slca-exp: verl config checked and written to {path}")
             for side in verl.write_side_files(config, cfg):
                 print(f"slca-exp: and {side}")
+            if sft_cfg is not None:
+                path = verl.write_verl_config(sft_cfg, folder / sft.CONFIG_FILE)
+                print(f"slca-exp: verl SFT config checked and written to {path}")
         else:
             print(f"# engine=verl: the translated verl config ({verl.CONFIG_FILE} + ours)")
             print(OmegaConf.to_yaml(cfg))
+            if sft_cfg is not None:
+                print(f"# engine=verl: the translated verl SFT config ({sft.CONFIG_FILE})")
+                print(OmegaConf.to_yaml(sft_cfg))
     return 0
 
 

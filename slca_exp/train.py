@@ -42,14 +42,20 @@ def prepare(cfg: DictConfig) -> tuple[RunConfig, Any, Recipe]:
     """Validate ``cfg``, find its engine and build its recipe; nothing is created.
 
     Raises:
-        ConfigError: the config or its recipe has problems (all of them listed).
+        ConfigError: the config, its recipe or the engine's own check has problems (all of
+            them listed).
         RegistryError: no engine of that name is installed.
 
     """
     load_plugins()  # a job may run in a fresh process (submitit, SLURM): register plugins there
     config = validate(cfg)
     recipe = build_recipe(config)
-    return config, ENGINES.get(config.engine.name), recipe
+    engine = ENGINES.get(config.engine.name)
+    check = getattr(engine, "check", None)  # the engine's own checks (engine=verl: verl's)
+    problems = check(config, recipe) if callable(check) else []
+    if problems:
+        raise ConfigError(problems)
+    return config, engine, recipe
 
 
 def run(cfg: DictConfig) -> object:

@@ -321,6 +321,12 @@ class VerlConfig:
         help="raw verl overrides applied last (key=value, +key=value, ++key=value, ~key), e.g. "
         "actor_rollout_ref.actor.entropy_coeff=0.001",
     )
+    sft_overrides: list[str] = param(
+        default_factory=list,
+        help="raw verl overrides of the SFT stage's config (verl's sft_trainer_engine; "
+        "slca_exp/engines/verl/sft.py), applied last, same syntax as overrides, e.g. "
+        "optim.weight_decay=0.0",
+    )
 
 
 @dataclass

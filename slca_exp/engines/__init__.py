@@ -1,5 +1,8 @@
 """Execution engines, one registry: ``ENGINES.get(cfg.engine.name).run(cfg, recipe, tracker)``.
 
+An engine may also have ``check(config, recipe) -> list[Problem]``: its own problems with a
+validated config, found before anything starts (``slca_exp.train.prepare`` calls it).
+
 Built-in engines are registered here behind a small proxy that imports their module on first
 use, so that composing and validating a recipe never pays for importing transformers. Plugins
 (``SLCA_EXP_PLUGINS``) register their own engines the same way.
@@ -23,9 +26,21 @@ class LazyEngine:
 
     """
 
-    def __init__(self, target: str) -> None:
+    def __init__(self, target: str, check: str | None = None) -> None:
         self.target = target
+        self.check_target = check
         self._engine: Any = None
+
+    def check(self, config: Any, recipe: Any = None) -> list[Any]:  # noqa: ANN401
+        """The engine's own problems with a validated config (``[]``: none, or no check).
+
+        Only the check's module is imported (``check``: ``"package.module:function"``), so
+        validating a recipe stays cheap for engines whose check needs nothing heavy.
+        """
+        if self.check_target is None:
+            return []
+        module, _, name = self.check_target.partition(":")
+        return list(getattr(importlib.import_module(module), name)(config, recipe))
 
     def load(self) -> Any:  # noqa: ANN401
         """The engine instance (imported and built once)."""
@@ -35,7 +50,7 @@ class LazyEngine:
         return self._engine
 
     def __getattr__(self, attr: str) -> Any:  # noqa: ANN401 - run, resume_ids, ...
-        if attr.startswith("_") or attr in ("target", "load"):
+        if attr.startswith("_") or attr in ("target", "check_target", "load"):
             raise AttributeError(attr)
         return getattr(self.load(), attr)
 
@@ -44,3 +59,5 @@ class LazyEngine:
 
 
 ENGINES.register("local", LazyEngine("slca_exp.engines.local.engine:LocalEngine"))
+_VERL = "slca_exp.engines.verl.engine"
+ENGINES.register("verl", LazyEngine(f"{_VERL}:VerlEngine", check=f"{_VERL}:check"))

@@ -76,6 +76,31 @@ class SegmentSplit:
         """(B, T) bool: the summary run."""
         return self.mask & self.in_summary_span
 
+    def without_summary(self, rows: torch.Tensor) -> SegmentSplit:
+        """The same split where the flagged rollouts have no summary: all their tokens are tool.
+
+        The corrected mask rule: a rollout cut off inside a tool call (truncated, or out of
+        turns) ends on a tool call, not on a summary, so its last learnable run is tool.
+
+        Args:
+            rows: (B,) bool, the rollouts that have no summary segment.
+
+        """
+        rows = torch.as_tensor(rows, dtype=torch.bool, device=self.mask.device)
+        if rows.shape != self.summary_len.shape:
+            raise ValueError(
+                f"rows must have shape ({self.summary_len.shape[0]},), one flag per rollout; "
+                f"got {tuple(rows.shape)}"
+            )
+        moved = torch.where(rows, self.summary_len, 0)
+        return SegmentSplit(
+            self.mask,
+            torch.where(rows, self.mask.shape[1], self.summary_start),
+            self.summary_len - moved,
+            self.has_tool | (rows & (self.summary_len > 0)),
+            self.tool_tokens + moved.sum(),
+        )
+
 
 def as_bool_mask(response_mask: torch.Tensor) -> torch.Tensor:
     """Return the response mask as a (B, T) bool tensor (non-zero = learnable).
@@ -190,16 +215,20 @@ def suffix_masks(start: torch.Tensor, length: int) -> torch.Tensor:
     return windows.index_select(0, length - start.clamp(0, length))
 
 
-def split_segments(response_mask: torch.Tensor) -> SegmentSplit:
+def split_segments(response_mask: torch.Tensor | SegmentSplit) -> SegmentSplit:
     """Split every rollout of a batch into its tool and summary segments.
 
     Args:
         response_mask: (B, T) any dtype; non-zero marks learnable (policy-generated) tokens.
+            A :class:`SegmentSplit` is returned as it is (a caller that already split the batch,
+            e.g. with :meth:`SegmentSplit.without_summary`, passes it to an estimator).
 
     Returns:
         A :class:`SegmentSplit` whose masks are disjoint and whose union is the response mask.
 
     """
+    if isinstance(response_mask, SegmentSplit):
+        return response_mask
     response_mask = _as_matrix(response_mask)
     batch, length = response_mask.shape
     mask = _word_aligned(response_mask)

@@ -102,6 +102,21 @@ def final_reply(text: str) -> str:
     return _strip_glue(tail)
 
 
+def ends_on_tool_call(text: str) -> bool:
+    """Whether the rollout's last assistant turn holds a ``<tool_call>`` (cut off before a reply).
+
+    A rollout whose tool call was never answered (out of turns or out of tokens) has no summary;
+    the last turn is read the way :func:`final_reply` reads it.
+
+    >>> ends_on_tool_call("<tool_call>{}</tool_call><tool_response>4</tool_response>It's 4.")
+    False
+    >>> ends_on_tool_call("<tool_call>{}</tool_call><tool_response>4</tool_response><tool_call>{")
+    True
+
+    """
+    return TOOL_CALL[0] in final_reply(text)
+
+
 _GLUE = ("<|im_end|>", "<|im_start|>", "<|endoftext|>", "<|eot_id|>")
 
 

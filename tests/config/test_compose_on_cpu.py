@@ -33,15 +33,8 @@ def test_default_recipe_is_valid_and_typed():
     + [("experiment", o) for o in options("experiment")],
 )
 def test_every_option_of_every_group_composes_and_validates(group, option):
-    overrides = [f"{group}={option}"]
-    try:
-        validate(compose_run(overrides))
-    except ConfigError as err:
-        # engine=verl: its run is not installed in this version (only its translation, shown
-        # by --cfg job and written by --dry-run); everything else about the option must hold
-        assert [p.key for p in err.problems] == ["engine.name"], str(err)
-        assert "unknown engine 'verl'" in str(err) and "verl" not in ENGINES
-        validate(compose_run([*overrides, "engine.name=local"]))
+    config = validate(compose_run([f"{group}={option}"]))
+    assert config.engine.name in ENGINES
 
 
 def test_every_group_has_an_option_and_a_schema():

@@ -52,6 +52,8 @@ PARAMS_KEY = "algorithm.slca"
 CONFIG_FILE = "ppo_trainer.yaml"
 TOOLS_FILE = "tools.yaml"
 AGENT_LOOPS_FILE = "agent_loops.yaml"
+DATA_DIR = "data"
+"""``<run folder>/verl/data``: the splits as verl reads them (``extra_info.tools_kwargs`` added)."""
 OUR_KEY = "slca_exp"
 """Top-level section with our reward, judge and simulator configs (read by the reward manager)."""
 
@@ -95,15 +97,15 @@ SOURCES: dict[str, str] = {
     _ROLLOUT + "n": "algorithm.group_size",
     _ROLLOUT + "seed": "seed",
     _ACTOR + "data_loader_seed": "seed",
-    "data.train_files": "data.files.train",
-    "data.val_files": "data.files.val",
+    "data.train_files": "data.files.train (its copy with tools_kwargs)",
+    "data.val_files": "data.files.val (its copy with tools_kwargs)",
     "data.seed": "data.seed",
     "algorithm.adv_estimator": "algorithm.name",
     "algorithm.norm_adv_by_std_in_grpo": "algorithm.norm_by_std",
     PARAMS_KEY: "algorithm.* and engine.verl.mask_rule",
     PARAMS_KEY + ".mask_rule": "engine.verl.mask_rule",
     "trainer.logger": "tracking.backends",
-    "trainer.project_name": "experiment_name",
+    "trainer.project_name": "tracking.wandb_project, else experiment_name",
     "trainer.experiment_name": "run_name",
 }
 """verl key -> the key of ours it is translated from (a problem's fix names it)."""
@@ -120,6 +122,9 @@ FIXED: dict[str, Any] = {
     "reward.reward_manager.name": "SLCARewardManager",
     "reward.reward_manager.module.path": "pkg://slca_exp.engines.verl.rewards",
     "critic.enable": False,  # GRPO-family estimators: no value model
+    # verl's synchronous trainer plus our per-segment metrics and the corrected mask rule
+    # (slca_exp/engines/verl/trainer.py, registered by the plugin)
+    "trainer.v1.trainer_mode": "slca_sync",
 }
 """verl values every translated config has."""
 
@@ -151,17 +156,17 @@ def verl_config(config: RunConfig, recipe: Recipe | None = None) -> DictConfig:
                 )
             ]
         )
-    cfg = copy.deepcopy(_compose_base(str(verl_config_dir())))
+    cfg = copy.deepcopy(compose_verl(str(verl_config_dir())))
     with open_dict(cfg):
         for key, value in verl_values(config, recipe).items():
             new = key in (PARAMS_KEY, ENV_VARS_KEY, OUR_KEY)
-            if not (new or _has(cfg, key)):  # our own table must use verl's names exactly
+            if not (new or has_key(cfg, key)):  # our own table must use verl's names exactly
                 raise KeyError(f"{key!r} is not a key of verl's ppo_trainer config")
             OmegaConf.update(cfg, key, value, merge=False, force_add=new)
     problems = [
         problem
         for i, text in enumerate(config.engine.verl.overrides)
-        if (problem := _apply_override(cfg, text, f"engine.verl.overrides[{i}]")) is not None
+        if (problem := apply_override(cfg, text, f"engine.verl.overrides[{i}]")) is not None
     ]
     if problems:
         raise ConfigError(problems)
@@ -178,23 +183,24 @@ def verl_values(config: RunConfig, recipe: Recipe | None = None) -> dict[str, An
     values.update(
         {
             "actor_rollout_ref.model.path": config.backbone.path,
-            "actor_rollout_ref.model.custom_chat_template": _chat_template(config),
+            "actor_rollout_ref.model.custom_chat_template": chat_template(config),
             _ROLLOUT + "n": config.algorithm.group_size,
             _ROLLOUT + "seed": config.seed,
             _ACTOR + "data_loader_seed": config.seed,
             # Written into the run folder with this config (write_side_files); not read here.
             _TURNS + "tool_config_path": str(folder / TOOLS_FILE),
             _ROLLOUT + "agent.agent_loop_config_path": str(folder / AGENT_LOOPS_FILE),
-            OUR_KEY: our_section(config),
-            "data.train_files": train,
-            "data.val_files": val,
+            OUR_KEY: {**our_section(config), "data": {"train": train, "val": val}},
+            "data.train_files": str(folder / DATA_DIR / "train.parquet") if train else None,
+            "data.val_files": str(folder / DATA_DIR / "val.parquet") if val else None,
             "data.seed": config.data.seed,
             "algorithm.adv_estimator": config.algorithm.name,  # grpo: verl's; ours: the plugin
             "algorithm.norm_adv_by_std_in_grpo": config.algorithm.norm_by_std,
             PARAMS_KEY: {**estimator_params(config), "mask_rule": v.mask_rule},
             "trainer.logger": list(config.tracking.backends),  # verl has the same three names
-            "trainer.project_name": config.experiment_name,
-            "trainer.experiment_name": _run_name(config, recipe),
+            # verl's W&B logger opens this project (MLflow attaches to our run by its id)
+            "trainer.project_name": config.tracking.wandb_project or config.experiment_name,
+            "trainer.experiment_name": run_name_of(config, recipe),
             "trainer.default_local_dir": str(folder / "checkpoints"),
             ENV_VARS_KEY: worker_env(config),
         }
@@ -210,24 +216,57 @@ def our_section(config: RunConfig) -> dict[str, Any]:
     }
 
 
-def write_side_files(config: RunConfig, cfg: DictConfig) -> list[Path]:
-    """Write the agent-loop config and, when the train split is here, the tool config.
+def write_side_files(
+    config: RunConfig, cfg: DictConfig, *, require_data: bool = False
+) -> list[Path]:
+    """Write the agent-loop config and, when the splits are here, the data copies and tool config.
 
-    Both go where ``cfg`` points verl (``<run folder>/verl``). The tool config needs the split's
-    tool schemas: for data that lives only on the cluster it is written at launch.
+    Everything goes where ``cfg`` points verl (``<run folder>/verl``). The tool config needs the
+    train split's tool schemas, and the copies are the splits (``slca_exp.data`` of ``cfg``) with
+    ``extra_info.tools_kwargs`` added: for data that lives only on the cluster they are written
+    at launch.
+
+    Args:
+        config: the run config.
+        cfg: its translated verl config.
+        require_data: a split that is not here is an error (at launch) instead of skipped.
+
+    Raises:
+        ConfigError: ``require_data`` and a split file is missing (the key is named).
+
     """
     from slca_exp.engines.verl.rewards import agent_loop_config
-    from slca_exp.engines.verl.tools import write_tool_config
+    from slca_exp.engines.verl.tools import schemas_of, write_tool_config, write_verl_split
 
     written = [agent_loop_config(OmegaConf.select(cfg, _ROLLOUT + "agent.agent_loop_config_path"))]
-    train = OmegaConf.select(cfg, "data.train_files")
-    train = train[0] if isinstance(train, (list, tuple)) or OmegaConf.is_list(train) else train
-    if train and Path(train).is_file():
+    sources = OmegaConf.select(cfg, OUR_KEY + ".data", default=None) or {}
+    rows: dict[str, list[dict[str, Any]]] = {}
+    for split, target in (("train", "data.train_files"), ("val", "data.val_files")):
+        source = sources.get(split)
+        if not source or not OmegaConf.select(cfg, target):
+            continue
+        if not Path(source).is_file():
+            if require_data:
+                raise ConfigError(
+                    [
+                        _problem(
+                            f"data.files.{split}", f"{source} is not a file here", "fix the path"
+                        )
+                    ]
+                )
+            continue
         import pyarrow.parquet as pq
 
-        rows = pq.read_table(train, columns=["reward_model"]).to_pylist()
-        tools = OmegaConf.select(cfg, _TURNS + "tool_config_path")
-        written.append(write_tool_config(tools, rows, config.simulator))
+        rows[split] = pq.read_table(source).to_pylist()
+    if "train" not in rows:
+        return written
+    schemas = schemas_of(rows["train"])
+    names = [schema["function"]["name"] for schema in schemas]
+    tools = OmegaConf.select(cfg, _TURNS + "tool_config_path")
+    written.append(write_tool_config(tools, rows["train"], config.simulator))
+    for split, target in (("train", "data.train_files"), ("val", "data.val_files")):
+        if split in rows:
+            written.append(write_verl_split(rows[split], names, OmegaConf.select(cfg, target)))
     return written
 
 
@@ -296,11 +335,16 @@ def verl_config_dir() -> Path:
     return Path(next(iter(spec.submodule_search_locations))) / "trainer" / "config"
 
 
-@functools.lru_cache(maxsize=2)
-def _compose_base(config_dir: str) -> DictConfig:
-    """Compose verl's ``ppo_trainer`` as ``verl.trainer.main_ppo`` does (cached: copy it).
+@functools.lru_cache(maxsize=4)
+def compose_verl(config_dir: str, name: str = Path(CONFIG_FILE).stem) -> DictConfig:
+    """Compose one of verl's trainer configs as its ``hydra.main`` does (cached: copy it).
+
+    Args:
+        config_dir: verl's packaged config folder (:func:`verl_config_dir`).
+        name: the config: ``ppo_trainer`` (RL) or ``sft_trainer_engine`` (SFT).
 
     A Hydra app may be running (the train task): its global state is put back afterwards.
+
     """
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
@@ -310,12 +354,12 @@ def _compose_base(config_dir: str) -> DictConfig:
     GlobalHydra.instance().clear()
     try:
         with initialize_config_dir(config_dir, job_name="slca-exp-verl", version_base="1.3"):
-            return compose(config_name=Path(CONFIG_FILE).stem)
+            return compose(config_name=name)
     finally:
         restore_gh_from_backup(backup)
 
 
-def _has(cfg: DictConfig, key: str) -> bool:
+def has_key(cfg: DictConfig, key: str) -> bool:
     """Whether ``key`` is in ``cfg``, a missing (``???``) value included."""
     parent, _, leaf = key.rpartition(".")
     node = OmegaConf.select(cfg, parent, default=None) if parent else cfg
@@ -341,7 +385,7 @@ def _data_files(config: RunConfig, recipe: Recipe | None) -> tuple[str | None, s
     return train, val
 
 
-def _chat_template(config: RunConfig) -> str | None:
+def chat_template(config: RunConfig) -> str | None:
     """The template's text (verl's ``custom_chat_template`` takes the template, not a path)."""
     path = config.backbone.chat_template
     if not path:
@@ -354,7 +398,7 @@ def _chat_template(config: RunConfig) -> str | None:
         ) from None
 
 
-def _run_name(config: RunConfig, recipe: Recipe | None) -> str:
+def run_name_of(config: RunConfig, recipe: Recipe | None) -> str:
     """The trackers' run name (``tracking/build.py``); without a recipe, the run folder's key."""
     if recipe is not None:
         from slca_exp.tracking.build import run_name
@@ -371,7 +415,7 @@ def _run_name(config: RunConfig, recipe: Recipe | None) -> str:
 # --- engine.verl.overrides ---------------------------------------------------------------------
 
 
-def _apply_override(cfg: DictConfig, text: str, where: str) -> Problem | None:
+def apply_override(cfg: DictConfig, text: str, where: str) -> Problem | None:
     """Apply one verl value override with Hydra's semantics; a problem instead of raising."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
@@ -379,7 +423,7 @@ def _apply_override(cfg: DictConfig, text: str, where: str) -> Problem | None:
     try:
         (override,) = OverridesParser.create().parse_overrides([text])
     except HydraException as err:
-        return Problem(where, f"{text!r} is not an override: {_first_line(err)}", _SYNTAX)
+        return Problem(where, f"{text!r} is not an override: {first_line(err)}", _SYNTAX)
     key = override.key_or_group
     if override.package is not None or "/" in key or key in _verl_groups():
         return Problem(
@@ -389,7 +433,7 @@ def _apply_override(cfg: DictConfig, text: str, where: str) -> Problem | None:
         )
     if override.is_sweep_override():
         return Problem(where, f"{text!r} is a sweep", "sweep our keys with -m; one value here")
-    exists = _has(cfg, key)
+    exists = has_key(cfg, key)
     try:
         with open_dict(cfg):
             if override.is_delete() and exists:
@@ -402,7 +446,7 @@ def _apply_override(cfg: DictConfig, text: str, where: str) -> Problem | None:
             else:
                 OmegaConf.update(cfg, key, override.value(), merge=True, force_add=True)
     except (OmegaConfBaseException, ValueError) as err:
-        return Problem(where, f"{text!r}: {_first_line(err)}", _SYNTAX)
+        return Problem(where, f"{text!r}: {first_line(err)}", _SYNTAX)
     return None
 
 
@@ -427,7 +471,8 @@ def _verl_groups() -> frozenset[str]:
     return frozenset(p.name for p in verl_config_dir().iterdir() if p.is_dir() and p.name[0] != "_")
 
 
-def _first_line(err: BaseException) -> str:
+def first_line(err: BaseException) -> str:
+    """The first non-blank line of an error's message (its type's name when there is none)."""
     lines = [line.strip() for line in str(err).splitlines() if line.strip()]
     return lines[0] if lines else type(err).__name__
 
@@ -469,7 +514,7 @@ def check_verl_config(cfg: DictConfig) -> list[Problem]:
     try:
         OmegaConf.resolve(cfg)
     except OmegaConfBaseException as err:
-        return [_problem(str(getattr(err, "full_key", "") or "<verl config>"), _first_line(err))]
+        return [_problem(str(getattr(err, "full_key", "") or "<verl config>"), first_line(err))]
     with warnings.catch_warnings():  # verl warns about optional engines it cannot import
         warnings.simplefilter("ignore")
         return _verl_checks(cfg)
@@ -542,9 +587,23 @@ def _verl_checks(cfg: DictConfig) -> list[Problem]:
             )
         )
     try:
-        get_trainer_cls(cfg.trainer.v1.trainer_mode)
+        trainer = get_trainer_cls(cfg.trainer.v1.trainer_mode)
     except ValueError as err:
-        problems.append(_problem("trainer.v1.trainer_mode", _first_line(err)))
+        problems.append(_problem("trainer.v1.trainer_mode", first_line(err)))
+    else:
+        from slca_exp.engines.verl.trainer import TRAINER_MODE, SLCATrainer
+
+        if rule == "corrected" and not issubclass(trainer, SLCATrainer):
+            problems.append(
+                _problem(
+                    "trainer.v1.trainer_mode",
+                    f"mask_rule=corrected needs slca-exp's trainer ({TRAINER_MODE}), which tells "
+                    f"the estimator which rollouts ended on a tool call; "
+                    f"{cfg.trainer.v1.trainer_mode!r} does not",
+                    "remove the trainer.v1.trainer_mode override, or use "
+                    "engine.verl.mask_rule=parity",
+                )
+            )
     return problems + _gpu_checks(cfg)
 
 

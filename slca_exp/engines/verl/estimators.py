@@ -18,31 +18,83 @@ of the summary, so the masked sums give back exactly the two scores; with
 ``use_kl_in_reward`` on, verl has already subtracted the per-token KL penalty from
 ``token_level_rewards``, and the sums then fold it into each segment's score over that segment's
 own tokens, as the paper's implementation does.
+
+The mask alone cannot tell a summary from a tool call that was cut off (out of turns or tokens).
+Under ``algorithm.slca.mask_rule=corrected`` slca-exp's trainer (``trainer.py``) reads which
+rollouts ended on a tool call from the reward side and hands them to the adapter through
+:func:`segment_call`; those rollouts then have no summary segment (every learnable token is
+tool). The same context carries the estimator's per-segment statistics back to the trainer,
+which logs them under our metric names.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import torch
 
 from slca_exp.estimators import EstimatorParams, RolloutScores, get_estimator
-from slca_exp.estimators.segments import split_segments
+from slca_exp.estimators.segments import SegmentSplit, split_segments
 
 NAMES = ("slca_grpo", "toolpo_grpo")
 """Our estimators verl knows by these names (``algorithm.adv_estimator``)."""
 PARAMS_KEY = "slca"
 """The mapping under verl's ``algorithm`` config that holds our estimator hyper-parameters."""
+MASK_RULES = ("parity", "corrected")
+"""``algorithm.slca.mask_rule``: parity (the paper) | corrected (cut-off tool calls are tool)."""
 
 
-def segment_scores(token_level_rewards: torch.Tensor, response_mask: torch.Tensor) -> RolloutScores:
+@dataclass
+class SegmentCall:
+    """One ``compute_advantage`` call as slca-exp's trainer sees it (see :func:`segment_call`).
+
+    Attributes:
+        no_summary: (B,) bool in the batch's row order, rollouts without a summary segment
+            (the corrected mask rule); ``None``: read every rollout off its mask (parity).
+        stats: filled by the adapter: the estimator's per-segment metrics (our names).
+        scores: filled by the adapter: the per-rollout segment scores it used.
+
+    """
+
+    no_summary: Any = None
+    stats: dict[str, float] = field(default_factory=dict)
+    scores: RolloutScores | None = None
+
+
+_CALL: ContextVar[SegmentCall | None] = ContextVar("slca_segment_call", default=None)
+
+
+@contextmanager
+def segment_call(no_summary: Any = None) -> Iterator[SegmentCall]:  # noqa: ANN401 - array-like
+    """Hand the adapter the rollouts without a summary, and collect what it computed.
+
+    >>> with segment_call() as call:
+    ...     pass  # verl's compute_advantage runs here
+    >>> call.stats
+    {}
+
+    """
+    call = SegmentCall(no_summary=no_summary)
+    token = _CALL.set(call)
+    try:
+        yield call
+    finally:
+        _CALL.reset(token)
+
+
+def segment_scores(
+    token_level_rewards: torch.Tensor, response_mask: torch.Tensor | SegmentSplit
+) -> RolloutScores:
     """Per-rollout (tool, summary, total) scores: masked sums of the token rewards.
 
     Args:
         token_level_rewards: (B, T) rewards as verl hands them to an estimator.
-        response_mask: (B, T), non-zero on the tokens the policy generated.
+        response_mask: (B, T), non-zero on the tokens the policy generated, or its split.
 
     Returns:
         (B,) float32 scores; a rollout without a tool (summary) segment scores 0 on it.
@@ -91,14 +143,50 @@ def verl_estimator(name: str):  # noqa: ANN201 - verl's estimator signature
                 f"advantage estimator {name!r} needs the rollouts' group ids: verl passes "
                 "them as `index` when the batch has a `uid` column"
             )
-        scores = segment_scores(token_level_rewards, response_mask)
-        result = estimator(response_mask, index, scores, params_from(config))
+        call = _CALL.get()
+        split = _split(response_mask, config, call, name)
+        scores = segment_scores(token_level_rewards, split)
+        result = estimator(split, index, scores, params_from(config))
+        if call is not None:
+            call.stats, call.scores = dict(result.stats), scores
         dtype = token_level_rewards.dtype
         return result.advantages.to(dtype), result.returns.to(dtype)
 
     compute.__name__ = compute.__qualname__ = f"{name}_for_verl"
     compute.__doc__ = f"verl adapter of slca-exp's {name!r} estimator (see {__name__})."
     return compute
+
+
+def mask_rule(config: Any) -> str:  # noqa: ANN401
+    """``algorithm.slca.mask_rule`` (``parity`` when unset); an unknown rule is an error."""
+    rule = _get(_get(config, PARAMS_KEY), "mask_rule") or "parity"
+    if rule not in MASK_RULES:
+        raise ValueError(
+            f"algorithm.{PARAMS_KEY}.mask_rule={rule!r} is not a mask rule; use one of "
+            f"{', '.join(MASK_RULES)} (engine.verl.mask_rule)"
+        )
+    return str(rule)
+
+
+def _split(
+    response_mask: torch.Tensor,
+    config: Any,  # noqa: ANN401
+    call: SegmentCall | None,
+    name: str,
+) -> SegmentSplit:
+    """The batch's segments under the configured mask rule."""
+    split = split_segments(response_mask)
+    if mask_rule(config) == "parity":
+        return split
+    if call is None or call.no_summary is None:
+        raise RuntimeError(
+            f"{name} with algorithm.{PARAMS_KEY}.mask_rule=corrected needs to know which "
+            "rollouts ended on a tool call: run it with slca-exp's trainer "
+            "(trainer.v1.trainer_mode=slca_sync, which slca-exp's verl config sets), or use "
+            "engine.verl.mask_rule=parity"
+        )
+    rows = torch.as_tensor(np.asarray(call.no_summary, dtype=bool))
+    return split.without_summary(rows.to(split.mask.device))
 
 
 def register() -> list[str]:

@@ -1,4 +1,4 @@
-"""What every verl process imports: slca-exp's estimators registered in verl's registry.
+"""What every verl process imports: slca-exp's estimators and trainer in verl's registries.
 
 verl imports this module on ``import verl`` in two ways, both set up by slca-exp:
 
@@ -8,9 +8,12 @@ verl imports this module on ``import verl`` in two ways, both set up by slca-exp
 - the ``verl.plugins`` entry point of this package (``pyproject.toml``), wherever slca-exp is
   installed (verl skips an entry point that fails to load, silently: hence the check below).
 
+Importing it registers ``slca_grpo`` and ``toolpo_grpo`` (``estimators.py``) and the trainer
+``slca_sync`` (``trainer.py``: verl's synchronous trainer plus our per-segment metrics).
+
 :func:`check_registered` is the early, loud check: it starts a fresh Python with the
 environment a verl worker gets, imports verl there, and fails before anything launches, naming
-the module to import, when an estimator is missing.
+the module to import, when an estimator or the trainer is missing.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import sys
 from collections.abc import Mapping, Sequence
 
 from slca_exp.engines.verl.estimators import NAMES, register
+from slca_exp.engines.verl.trainer import TRAINER_MODE
 
 MODULE = __name__
 """The module verl must import (``VERL_USE_EXTERNAL_MODULES``)."""
@@ -28,6 +32,9 @@ ENV_VAR = "VERL_USE_EXTERNAL_MODULES"
 
 REGISTERED = register()
 """The estimator names this import added to verl's registry."""
+
+
+_MARK = "slca-exp missing: "  # the probe's answer line (verl may print on import)
 
 
 class RegistrationError(RuntimeError):
@@ -53,6 +60,7 @@ def check_registered(
     names: Sequence[str],
     env: Mapping[str, str] | None = None,
     *,
+    trainer_mode: str | None = None,
     python: str = sys.executable,
     timeout_s: float = 300.0,
 ) -> None:
@@ -61,23 +69,27 @@ def check_registered(
     Args:
         names: ``algorithm.adv_estimator`` values the run needs (verl's own are known anyway).
         env: the variables the workers get on top of this process's (``runtime_env``).
+        trainer_mode: ``trainer.v1.trainer_mode``; checked too when it is ours.
         python: the interpreter of the workers' environment.
         timeout_s: how long importing verl may take.
 
     Raises:
-        RegistrationError: the message names the missing estimator, the module that registers
-            it and how to make verl import it (or the import error of that module).
+        RegistrationError: the message names the missing estimator (or trainer), the module that
+            registers it and how to make verl import it (or the import error of that module).
 
     """
     wanted = [n for n in names if n in NAMES]
-    if not wanted:
+    trainers = [trainer_mode] if trainer_mode == TRAINER_MODE else []
+    if not (wanted or trainers):
         return
     child_env = {**os.environ, **(env or {})}
     probe = (
         "import sys\n"
         "from verl.trainer.ppo.core_algos import ADV_ESTIMATOR_REGISTRY\n"
+        "from verl.trainer.ppo.v1.trainer_base import TRAINER_REGISTRY\n"
         f"missing = [n for n in {wanted!r} if n not in ADV_ESTIMATOR_REGISTRY]\n"
-        "print(','.join(missing))\n"
+        f"missing += ['trainer ' + n for n in {trainers!r} if n not in TRAINER_REGISTRY]\n"
+        f"print({_MARK!r} + ','.join(missing))\n"
     )
     try:
         res = subprocess.run(
@@ -100,11 +112,13 @@ def check_registered(
         tail = "\n".join(res.stderr.strip().splitlines()[-5:])
         raise RegistrationError(
             f"importing verl with {ENV_VAR}={child_env.get(ENV_VAR, '')!r} failed, so "
-            f"{', '.join(wanted)} cannot be registered (module {MODULE}):\n{tail}\nfix: {how}"
+            f"{', '.join(wanted + trainers)} cannot be registered (module {MODULE}):\n{tail}\n"
+            f"fix: {how}"
         )
-    missing = [m for m in res.stdout.strip().split(",") if m]
+    answer = [line for line in res.stdout.splitlines() if line.startswith(_MARK)]
+    missing = [m for m in answer[-1][len(_MARK) :].split(",") if m] if answer else []
     if missing:
         raise RegistrationError(
-            f"verl does not know the advantage estimator(s) {', '.join(missing)}: module "
-            f"{MODULE} was not imported by verl; fix: {how}"
+            f"verl does not know {', '.join(missing)} (advantage estimator / trainer.v1."
+            f"trainer_mode): module {MODULE} was not imported by verl; fix: {how}"
         )

@@ -15,17 +15,22 @@ two scores at two places, so two pieces work together, neither patching verl:
 
 The estimator side (``estimators.py``) reads them back as masked sums over the segments. The
 segments are the response mask's runs of learnable tokens: the last run is the summary, every
-earlier run the tool segment (the paper's rule; a rollout cut off on a tool call has its last
-tool turn read as the summary). A judge failure under ``reward.judge_failure=absent`` cannot be
-told apart from a score in ``rm_scores``: it is written as 0 and flagged in
-:data:`SUMMARY_FAILED_KEY`.
+earlier run the tool segment (the paper's rule, ``mask_rule=parity``: a rollout cut off on a tool
+call has its last tool turn read as the summary). Under ``mask_rule=corrected`` such a rollout
+(:data:`NO_SUMMARY_KEY`) has no summary: R_tool goes on its last learnable token and its summary
+score is dropped; slca-exp's trainer tells the estimator which rollouts those are.
+
+A judge failure under ``reward.judge_failure=absent`` cannot be told apart from a score in
+``rm_scores``: it is written as 0 and flagged in :data:`SUMMARY_FAILED_KEY`. Every value the
+``reward/*`` and ``judge/*`` metrics need travels in ``reward_extra_info`` too, one scalar per
+key (:func:`reward_metrics` rebuilds the metrics from them in the trainer).
 """
 
 from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,10 +38,16 @@ import torch
 from omegaconf import OmegaConf
 
 from slca_exp.engines.verl.config import OUR_KEY
+from slca_exp.rewards.toolcalls import ends_on_tool_call
 
 TOOL_KEY = "slca/tool_score"
 SUMMARY_KEY = "slca/summary_score"
+TOTAL_KEY = "slca/total_score"
 SUMMARY_FAILED_KEY = "slca/summary_failed"
+ENDS_ON_TOOL_KEY = "slca/ends_on_tool"
+"""1 when the rollout's last assistant turn is an unanswered tool call (cut off)."""
+NO_SUMMARY_KEY = "slca/no_summary"
+"""1 when the rollout has no summary segment: it ends on a tool call and mask_rule=corrected."""
 AGENT_NAME = "slca_tool_agent"
 """The agent loop's name in verl (``actor_rollout_ref.rollout.agent.default_agent_loop``)."""
 
@@ -49,17 +60,26 @@ except ImportError:  # pragma: no cover - exercised only without the verl extra
 
 
 def place_segment_scores(
-    response_mask: torch.Tensor, tool_score: float, summary_score: float
+    response_mask: torch.Tensor,
+    tool_score: float,
+    summary_score: float,
+    *,
+    has_summary: bool = True,
 ) -> torch.Tensor:
     """(T,) float32 ``rm_scores``: R_tool on the last tool token, R_sum on the last summary one.
 
     A rollout without a tool segment (a single run) gets no R_tool token; one without any
-    learnable token gets nothing. Non-finite scores are written as 0.
+    learnable token gets nothing. Non-finite scores are written as 0. ``has_summary=False``
+    (the corrected mask rule, for a rollout cut off on a tool call): every learnable token is
+    tool, R_tool goes on the last one and R_sum nowhere.
     """
     mask = response_mask.bool()
     scores = torch.zeros(mask.shape, dtype=torch.float32)
     positions = torch.nonzero(mask).flatten()
     if positions.numel() == 0:
+        return scores
+    if not has_summary:
+        scores[positions[-1]] = _finite(tool_score)
         return scores
     scores[positions[-1]] = _finite(summary_score)
     # the last run starts after the last gap between learnable tokens
@@ -78,7 +98,10 @@ class SegmentScoredOutput(_OutputBase):  # type: ignore[misc, valid-type]
         info = (out.get("extra_fields") or {}).get("reward_extra_info") or {}
         if TOOL_KEY in info and SUMMARY_KEY in info:
             out["rm_scores"] = place_segment_scores(
-                out["response_mask"], float(info[TOOL_KEY]), float(info[SUMMARY_KEY])
+                out["response_mask"],
+                float(info[TOOL_KEY]),
+                float(info[SUMMARY_KEY]),
+                has_summary=not info.get(NO_SUMMARY_KEY),
             )
         return out
 
@@ -113,12 +136,14 @@ class SLCARewardManager(_RMBase):  # type: ignore[misc, valid-type]
         **kwargs: Any,  # noqa: ANN401 - reward_router_address, reward_model_tokenizer
     ) -> None:
         super().__init__(config, tokenizer, compute_score)
+        from slca_exp.engines.verl.estimators import mask_rule
         from slca_exp.judges import build_judge
         from slca_exp.rewards import HierRReward
 
         ours = _our_section(config)
         self.reward = HierRReward.from_config(ours["reward"])
         self.judge = build_judge(_structured("judge", ours["judge"]))
+        self.corrected = mask_rule(config.get("algorithm")) == "corrected"
 
     async def run_single(self, data: Any) -> dict[str, Any]:  # noqa: ANN401 - a DataProto
         """Score the last sequence of ``data`` (one trajectory); verl's reward-loop contract."""
@@ -131,22 +156,75 @@ class SLCARewardManager(_RMBase):  # type: ignore[misc, valid-type]
         scored = await loop.run_in_executor(
             None, lambda: self.reward.score([text], [truth], self.judge)
         )
-        return _result(scored)
+        return _result(scored, ends_on_tool_call(text), corrected=self.corrected)
 
 
-def _result(scored: Any) -> dict[str, Any]:  # noqa: ANN401 - a RewardBatch of one
+def _result(scored: Any, ends_on_tool: bool, *, corrected: bool) -> dict[str, Any]:  # noqa: ANN401
+    """The reward result verl keeps for one rollout (from a ``RewardBatch`` of one)."""
     tool = float(scored.scores.tool[0])
     summary = float(scored.scores.summary[0])
     total = float(scored.scores.total[0])
+    raw_tool, judged = scored.tool[0], scored.summary[0]
     info: dict[str, Any] = {
         TOOL_KEY: _finite(tool),
         SUMMARY_KEY: _finite(summary),
+        TOTAL_KEY: _finite(total),
         SUMMARY_FAILED_KEY: int(not math.isfinite(summary)),
+        ENDS_ON_TOOL_KEY: int(ends_on_tool),
+        NO_SUMMARY_KEY: int(ends_on_tool and corrected),
+        "slca/tool/score": float(raw_tool.score),
+        "slca/tool/should_no_call": int(raw_tool.should_no_call),
+        "slca/judge/score": float(judged.score),  # NaN: absent (failed under `absent`)
+        "slca/judge/rating": int(judged.rating) if judged.rating is not None else -1,
+        "slca/judge_status": str(judged.status),
+        "slca/judge/cached": int(judged.cached),
+        "slca/judge/latency_ms": float(judged.latency_ms),
     }
-    for name, value in scored.tool[0].components.items():
+    for name, value in raw_tool.components.items():
         info[f"slca/tool/{name}"] = float(value)
-    info["slca/judge_status"] = str(getattr(scored.summary[0], "status", ""))
     return {"reward_score": _finite(total), "reward_extra_info": info}
+
+
+def reward_metrics(infos: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+    """The ``reward/*`` and ``judge/*`` metrics of a batch, from its ``reward_extra_info`` rows.
+
+    The same numbers the local engine logs (``slca_exp.rewards.routing.reward_stats`` and
+    ``slca_exp.rewards.summary.judge_stats``), rebuilt from what :class:`SLCARewardManager`
+    wrote for each rollout. Rows without our keys (another reward manager) are skipped.
+    """
+    from slca_exp.estimators import RolloutScores
+    from slca_exp.rewards.hierr import COMPONENTS, ToolReward
+    from slca_exp.rewards.routing import reward_stats
+    from slca_exp.rewards.summary import SummaryReward, judge_stats
+
+    rows = [info for info in infos if info and TOOL_KEY in info]
+    if not rows:
+        return {}
+    tools = [
+        ToolReward(
+            score=float(r["slca/tool/score"]),
+            components={part: float(r[f"slca/tool/{part}"]) for part in COMPONENTS},
+            should_no_call=int(r["slca/tool/should_no_call"]),
+        )
+        for r in rows
+    ]
+    summaries = [
+        SummaryReward(
+            score=float(r["slca/judge/score"]),
+            rating=None if int(r["slca/judge/rating"]) < 0 else int(r["slca/judge/rating"]),
+            status=str(r["slca/judge_status"]),
+            cached=bool(r["slca/judge/cached"]),
+            latency_ms=float(r["slca/judge/latency_ms"]),
+        )
+        for r in rows
+    ]
+    totals = [
+        math.nan if r[SUMMARY_FAILED_KEY] and not r[NO_SUMMARY_KEY] else float(r[TOTAL_KEY])
+        for r in rows
+    ]
+    scores = RolloutScores(tool=[], summary=[], total=torch.tensor(totals))
+    stats = reward_stats(tools, summaries, scores) | judge_stats(summaries)
+    return {key: value for key, value in stats.items() if math.isfinite(value)}
 
 
 def agent_loop_config(path: str | Path) -> Path:

@@ -101,14 +101,56 @@ def write_tool_config(
     return path
 
 
-def tools_kwargs(row: Mapping[str, Any]) -> dict[str, Any]:
-    """``extra_info.tools_kwargs`` of ``row``: every tool it allows gets the row's context."""
+def tools_kwargs(row: Mapping[str, Any], tool_names: Iterable[str] | None = None) -> dict[str, Any]:
+    """``extra_info.tools_kwargs`` of ``row``: each tool gets the row's context.
+
+    Args:
+        row: a split row.
+        tool_names: the tools to list (default: the ones the row allows).
+
+    """
     truth = row["reward_model"]["ground_truth"]
     context = {
         "question": str(truth.get("question_content") or ""),
         "tool_responses": (row.get("extra_info") or {}).get("tool_responses") or "[]",
     }
-    return {name: {"create_kwargs": dict(context)} for name in truth.get("allowed_tools") or []}
+    names = (truth.get("allowed_tools") or []) if tool_names is None else sorted(tool_names)
+    return {name: {"create_kwargs": dict(context)} for name in names}
+
+
+def verl_rows(rows: Iterable[Mapping[str, Any]], tool_names: Iterable[str]) -> list[dict[str, Any]]:
+    """``rows`` as verl's dataset reads them: ``extra_info.tools_kwargs`` added to each.
+
+    Every row names every tool of ``tool_names`` (the split's), each with the row's context:
+    one parquet schema then fits all rows, and a call of a tool the row does not allow is still
+    answered (the reward, not the tool, judges which tools a row allows).
+    """
+    names = sorted(tool_names)
+    return [
+        {
+            **row,
+            "extra_info": {
+                **(row.get("extra_info") or {}),
+                "tools_kwargs": tools_kwargs(row, names),
+            },
+        }
+        for row in rows
+    ]
+
+
+def write_verl_split(
+    rows: Iterable[Mapping[str, Any]], tool_names: Iterable[str], path: str | Path
+) -> Path:
+    """Write :func:`verl_rows` of ``rows`` as parquet to ``path``; returns the path."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    pq.write_table(pa.Table.from_pylist(verl_rows(rows, tool_names)), tmp)
+    tmp.replace(path)  # a reader never sees half a file
+    return path
 
 
 class SimulatedTool(_ToolBase):  # type: ignore[misc, valid-type]

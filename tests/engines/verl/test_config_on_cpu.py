@@ -25,12 +25,9 @@ PLUGIN = "slca_exp.engines.verl.plugin"
 
 
 def run_config(*overrides):
-    """The typed config of ``experiment=paper_7b`` + ``overrides``, its engine named verl.
-
-    (``engine.name=local`` only to pass the engine registry, which has no verl engine yet.)
-    """
-    config = validate(compose_run(["experiment=paper_7b", *overrides, "engine.name=local"]))
-    config.engine.name = "verl"
+    """The typed config of ``experiment=paper_7b`` + ``overrides``."""
+    config = validate(compose_run(["experiment=paper_7b", *overrides]))
+    assert config.engine.name == "verl"
     return config
 
 
@@ -67,8 +64,13 @@ def test_paper_7b_translates_to_a_config_verl_accepts():
     assert cfg.slca_exp.simulator.backend == "sgls"
     assert turns.tool_config_path.endswith("/verl/tools.yaml")
     assert (cfg.trainer.nnodes, cfg.trainer.n_gpus_per_node) == (4, 8)
-    assert cfg.data.train_files == "/cluster/toucan/rl.parquet"  # need not exist here
-    assert cfg.data.val_files == "/cluster/toucan/eval_4k.parquet"
+    # verl reads copies with extra_info.tools_kwargs, written at launch from our splits (which
+    # need not exist here)
+    assert cfg.data.train_files.endswith("/verl/data/train.parquet")
+    assert cfg.data.val_files.endswith("/verl/data/val.parquet")
+    assert cfg.slca_exp.data.train == "/cluster/toucan/rl.parquet"
+    assert cfg.slca_exp.data.val == "/cluster/toucan/eval_4k.parquet"
+    assert cfg.trainer.v1.trainer_mode == "slca_sync"  # verl's sync trainer + our metrics
     assert cfg.critic.enable is False
     # verl's own defaults are kept where we set nothing
     assert actor.clip_ratio == 0.2 and cfg.trainer.use_v1 is True
@@ -194,13 +196,18 @@ def test_what_verl_refuses_in_overrides_or_names_is_reported_too():
     ]
 
 
-def test_a_mask_rule_the_verl_adapter_lacks_is_refused_not_ignored():
-    from slca_exp.engines.verl import estimators
-
-    if "corrected" in getattr(estimators, "MASK_RULES", ()):
-        pytest.skip("the adapter implements the corrected rule")
-    (problem,) = check_verl_config(verl_config(run_config("engine.verl.mask_rule=corrected")))
-    assert problem.key == "algorithm.slca.mask_rule" and "engine.verl.mask_rule" in problem.fix
+def test_the_corrected_mask_rule_needs_our_trainer_and_says_so():
+    cfg = verl_config(run_config("engine.verl.mask_rule=corrected"))
+    assert cfg.algorithm.slca.mask_rule == "corrected" and check_verl_config(cfg) == []
+    stock = run_config(
+        "engine.verl.mask_rule=corrected", "engine.verl.overrides=['trainer.v1.trainer_mode=sync']"
+    )
+    (problem,) = check_verl_config(verl_config(stock))
+    assert problem.key == "trainer.v1.trainer_mode" and "mask_rule=parity" in problem.fix
+    # an unknown rule is refused by our schema before verl is involved
+    with pytest.raises(ConfigError) as err:
+        run_config("engine.verl.mask_rule=other")
+    assert keys(err.value.problems) == ["engine.verl.mask_rule"]
 
 
 def test_a_builtin_backbone_cannot_run_on_verl():
@@ -214,7 +221,8 @@ def test_every_modelled_key_is_one_of_verls():
     for key in verl.SOURCES.keys() | verl.FIXED.keys():
         parent, _, leaf = key.rpartition(".")
         assert leaf in OmegaConf.select(cfg, parent), key
-    modelled = {f.name for f in dataclasses.fields(VerlConfig)} - {"mask_rule", "overrides"}
+    ours = {"mask_rule", "overrides", "sft_overrides"}  # not one verl key each
+    modelled = {f.name for f in dataclasses.fields(VerlConfig)} - ours
     assert modelled == set(verl.FIELD_KEYS)
 
 
@@ -234,7 +242,7 @@ def test_composing_verls_config_leaves_a_running_hydra_alone():
     from hydra import compose
 
     config = run_config()
-    verl._compose_base.cache_clear()
+    verl.compose_verl.cache_clear()
     with hydra_context():
         verl_config(config)
         assert compose(config_name="config").engine.name == "local"
@@ -254,6 +262,7 @@ def test_train_cfg_job_prints_ours_then_the_verl_config(tmp_path):
     ours, theirs = res.stdout.split("# engine=verl: the translated verl config", 1)
     assert "name: verl" in ours and "experiment_name: paper-7b" in ours
     assert "adv_estimator: slca_grpo" in theirs and "actor_rollout_ref:" in theirs
+    assert "# engine=verl: the translated verl SFT config" in theirs
     assert list(tmp_path.iterdir()) == []
 
 
@@ -265,8 +274,10 @@ def test_train_dry_run_writes_the_checked_verl_config_and_nothing_else(
     assert main(["train", "experiment=paper_7b", "data.dir=/cluster/toucan", "--dry-run"]) == 0
     out = capsys.readouterr().out
     files = {p.name: p for p in tmp_path.rglob("*") if p.is_file()}
-    # the toucan split lives on the cluster: its tool config is written at launch, not here
-    assert set(files) == {"ppo_trainer.yaml", "agent_loops.yaml"}
+    # the toucan split lives on the cluster: its tool config and data copies are written at
+    # launch, not here
+    assert set(files) == {"ppo_trainer.yaml", "agent_loops.yaml", "sft_trainer.yaml"}
+    assert "verl SFT config checked and written to" in out
     written = files["ppo_trainer.yaml"]
     assert written.relative_to(tmp_path / "out").parts[::2] == ("runs", "verl")
     assert str(written) in out and str(files["agent_loops.yaml"]) in out
@@ -282,13 +293,4 @@ def test_train_dry_run_refuses_what_verl_refuses_creating_nothing(tmp_path, monk
     assert main([*args, "--dry-run"]) == 2
     err = capsys.readouterr().err
     assert "actor_rollout_ref.rollout.tensor_model_parallel_size" in err and "fix:" in err
-    assert list(tmp_path.iterdir()) == []
-
-
-def test_a_real_verl_run_is_still_refused_by_the_engine_registry(tmp_path, monkeypatch, capsys):
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("SLCA_EXP_ROOT", str(tmp_path / "out"))
-    assert main(["train", "engine=verl", "backbone=qwen2.5-7b-instruct"]) == 2
-    err = capsys.readouterr().err
-    assert "engine.name" in err and "unknown engine 'verl'" in err
     assert list(tmp_path.iterdir()) == []

@@ -1,0 +1,243 @@
+"""``engine=verl``: the run, launched as verl's own PPO trainer on the job's Ray cluster.
+
+    check(config, recipe)          every verl problem of the translated config, before anything
+                                   starts (``train.prepare`` calls it, in the CLI's pre-check too)
+    run(config, recipe, tracker)
+      -> prepare: the translated config (``config.py``) plus the trackers' run ids; the data
+         copies with ``extra_info.tools_kwargs``, the tool and agent-loop configs, and
+         ``ppo_trainer.yaml``, all in ``<run folder>/verl``; the estimators and the trainer
+         checked registered in a fresh process with the workers' environment
+      -> [SFT stage, ``sft.py``, when ``engine.sft.enabled``: the RL stage starts from its weights]
+      -> launch: ``verl.trainer.main_ppo.run_ppo`` with verl's ``TaskRunnerV1``, unmodified. On
+         SLURM the Ray cluster is the one the job's tasks booted (``RAY_ADDRESS``, exported by
+         ``slca_exp.launch.cluster``); elsewhere verl starts a local one.
+
+One MLflow run per recipe: verl's MLflow logger attaches to the run that holds our recipe
+(``MLFLOW_RUN_ID`` in the workers' environment), and its W&B logger resumes ours
+(``WANDB_RUN_ID``, ``WANDB_RESUME=allow``). verl's metrics and ours (``trainer.py``) land there,
+at verl's step. The run ids are kept in ``<run folder>/verl/run_ids.json``: a requeued job
+continues the same runs, and verl resumes from its latest checkpoint (``trainer.resume_mode``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from slca_exp.config.schema import RunConfig
+from slca_exp.config.validate import ConfigError, Problem
+from slca_exp.engines.verl import config as translate
+
+RUN_IDS_FILE = "run_ids.json"
+"""``<run folder>/verl/run_ids.json``: the tracker runs an unfinished verl run logs to."""
+FINISHED_FILE = "finished"
+"""``<run folder>/verl/finished``: written when verl's trainer returned."""
+MODEL_KEY = "actor_rollout_ref.model.path"
+
+
+@dataclass
+class VerlRunResult:
+    """What a verl run returns (and Hydra records as the job's return value).
+
+    Attributes:
+        run_dir: ``<run folder>/verl``: the configs, data copies and verl's checkpoints.
+        config_path: the ``ppo_trainer.yaml`` verl ran.
+        model_path: the weights the RL stage started from (the SFT checkpoint or the backbone).
+        files: every file written for verl.
+
+    """
+
+    run_dir: str
+    config_path: str
+    model_path: str
+    files: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Launch:
+    """A prepared verl run: its config (with the trackers' ids) and what was written for it."""
+
+    cfg: DictConfig
+    folder: Path
+    config_path: Path
+    env: dict[str, str]
+    files: list[Path]
+
+
+class VerlEngine:
+    """``engine=verl``: registered in ``slca_exp.engines.ENGINES``."""
+
+    def check(self, config: RunConfig, recipe: Any = None) -> list[Problem]:  # noqa: ANN401
+        """Every problem of the run's verl config (:func:`check`)."""
+        return check(config, recipe)
+
+    def resume_ids(self, config: RunConfig) -> dict[str, str] | None:
+        """Tracker run ids of an unfinished earlier run of this exact config (to continue it)."""
+        folder = translate.verl_dir(config)
+        path = folder / RUN_IDS_FILE
+        if not path.is_file() or (folder / FINISHED_FILE).exists():
+            return None
+        try:
+            ids = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return None
+        return {str(k): str(v) for k, v in ids.items()} if isinstance(ids, dict) else None
+
+    def run(self, config: RunConfig, recipe: Any, tracker: Any) -> VerlRunResult:  # noqa: ANN401
+        """Prepare the verl run, then SFT and RL through verl on the job's Ray cluster."""
+        from slca_exp.engines.verl.sft import run_sft
+
+        launch = prepare(config, recipe, tracker)
+        require_gpus(launch.cfg)
+        weights = run_sft(config, recipe, env=launch.env)  # None: SFT is off
+        if weights is not None:  # the RL stage starts from the SFT weights
+            with open_dict(launch.cfg):
+                OmegaConf.update(launch.cfg, MODEL_KEY, str(weights))
+            translate.write_verl_config(launch.cfg, launch.config_path)
+        model_path = str(OmegaConf.select(launch.cfg, MODEL_KEY))
+        run_trainer(launch)
+        (launch.folder / FINISHED_FILE).write_text("")
+        return VerlRunResult(
+            run_dir=str(launch.folder),
+            config_path=str(launch.config_path),
+            model_path=model_path,
+            files=[str(p) for p in launch.files],
+        )
+
+
+def check(config: RunConfig, recipe: Any = None) -> list[Problem]:  # noqa: ANN401
+    """Every problem of the run's verl configs, RL and (when on) SFT; [] when valid.
+
+    verl's own checks included (``check_verl_config``, ``check_sft_config``).
+    """
+    from slca_exp.engines.verl.sft import check_sft_config, sft_config
+
+    problems: list[Problem] = []
+    try:
+        problems += translate.check_verl_config(translate.verl_config(config, recipe))
+    except ConfigError as err:
+        problems += err.problems
+    if config.engine.sft.enabled:
+        try:
+            problems += check_sft_config(sft_config(config, recipe))
+        except ConfigError as err:
+            problems += err.problems
+    return problems
+
+
+def tracker_env(run_ids: dict[str, str], base: dict[str, str] | None = None) -> dict[str, str]:
+    """Variables that make verl's loggers write into our tracker runs.
+
+    Args:
+        run_ids: backend -> run id (``tracker.run_ids()``).
+        base: the workers' variables so far (kept).
+
+    """
+    env = dict(base or {})
+    if "mlflow" in run_ids:
+        env["MLFLOW_RUN_ID"] = run_ids["mlflow"]
+    if "wandb" in run_ids:
+        env["WANDB_RUN_ID"] = run_ids["wandb"]
+        env["WANDB_RESUME"] = "allow"
+    return env
+
+
+def prepare(config: RunConfig, recipe: Any, tracker: Any) -> Launch:  # noqa: ANN401
+    """Translate, check, write and verify everything verl needs; nothing is launched.
+
+    Raises:
+        ConfigError: the translated config has problems, or a split is not readable here.
+        RegistrationError: verl would not find our estimators or trainer (names the module).
+
+    """
+    from slca_exp.engines.verl.plugin import check_registered
+
+    cfg = translate.verl_config(config, recipe)
+    ids_of = getattr(tracker, "run_ids", None)
+    run_ids = dict(ids_of()) if callable(ids_of) else {}
+    env_key = translate.ENV_VARS_KEY
+    env = tracker_env(run_ids, dict(OmegaConf.select(cfg, env_key) or {}))
+    with open_dict(cfg):
+        OmegaConf.update(cfg, env_key, env, merge=False, force_add=True)
+    problems = translate.check_verl_config(cfg)
+    if problems:
+        raise ConfigError(problems)
+    folder = translate.verl_dir(config)
+    files = translate.write_side_files(config, cfg, require_data=True)
+    config_path = translate.write_verl_config(cfg, folder / translate.CONFIG_FILE)
+    (folder / RUN_IDS_FILE).write_text(json.dumps(run_ids, sort_keys=True))
+    check_registered(
+        [str(cfg.algorithm.adv_estimator)],
+        env,
+        trainer_mode=str(OmegaConf.select(cfg, "trainer.v1.trainer_mode")),
+    )
+    return Launch(cfg, folder, config_path, env, [*files, config_path])
+
+
+def available_gpus() -> tuple[int, str]:
+    """GPUs verl's trainer can get, and where: the Ray cluster of ``RAY_ADDRESS``, or this host."""
+    address = os.environ.get("RAY_ADDRESS")
+    if not address:
+        import torch
+
+        return torch.cuda.device_count(), "this host"
+    import ray
+
+    ray.init(address=address, logging_level="ERROR", log_to_driver=False)
+    try:
+        return int(ray.cluster_resources().get("GPU", 0)), f"the Ray cluster at {address}"
+    finally:
+        ray.shutdown()
+
+
+def require_gpus(cfg: DictConfig) -> None:
+    """Fail now, naming the keys, when the cluster has fewer GPUs than the config asks for.
+
+    verl's trainer would otherwise wait for its GPU placement groups forever.
+
+    Raises:
+        ConfigError: on ``engine.verl.n_gpus_per_node`` (and ``nnodes``).
+
+    """
+    nodes, per_node = int(cfg.trainer.nnodes), int(cfg.trainer.n_gpus_per_node)
+    have, where = available_gpus()
+    if have >= nodes * per_node:
+        return
+    raise ConfigError(
+        [
+            Problem(
+                "engine.verl.n_gpus_per_node",
+                f"the run needs engine.verl.nnodes x n_gpus_per_node = {nodes} x {per_node} GPUs "
+                f"but {where} has {have}; verl's trainer would wait for them forever",
+                "run it where the GPUs are (e.g. launcher=slurm_gpu_4node), or lower "
+                "engine.verl.nnodes / engine.verl.n_gpus_per_node",
+            )
+        ]
+    )
+
+
+def run_trainer(launch: Launch) -> None:
+    """Run verl's PPO trainer (``run_ppo`` + ``TaskRunnerV1``) with the prepared config.
+
+    Connects to the Ray cluster ``RAY_ADDRESS`` names (the SLURM job's), or lets verl start a
+    local one, which is shut down afterwards.
+    """
+    import ray
+    from verl.trainer.main_ppo import TaskRunnerV1, run_ppo
+    from verl.utils.device import auto_set_device
+
+    cfg = launch.cfg
+    auto_set_device(cfg)
+    ours = not ray.is_initialized()
+    if os.environ.get("RAY_ADDRESS"):
+        print(f"slca-exp: verl runs on the Ray cluster at {os.environ['RAY_ADDRESS']}")
+    try:
+        run_ppo(cfg, task_runner_class=TaskRunnerV1)
+    finally:
+        if ours and ray.is_initialized():
+            ray.shutdown()

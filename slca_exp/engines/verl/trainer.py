@@ -1,0 +1,79 @@
+"""slca-exp's verl trainer: verl's synchronous PPO trainer plus our per-segment metrics.
+
+verl 0.9.x picks its trainer class by name from a registry (``trainer.v1.trainer_mode``,
+``verl.trainer.ppo.v1.register_trainer``); its own TaskRunner looks the name up in the process
+where training runs. :data:`TRAINER_MODE` names :class:`SLCATrainer`, registered when
+:mod:`slca_exp.engines.verl.plugin` is imported there (``VERL_USE_EXTERNAL_MODULES``), and the
+translated config selects it. Nothing of verl is patched: the class overrides one step of the
+training loop, ``_compute_advantage``, and calls verl's own:
+
+    TransferQueue --(extra_fields: reward_extra_info per rollout, in the batch's row order)-->
+      no_summary flags (mask_rule=corrected)  ->  segment_call(...)  ->  verl's advantage step
+                                                   (our estimator adapter reads the flags and
+                                                    leaves its per-segment stats)
+      reward_extra_info rows  ->  reward/* and judge/* metrics
+    -> metrics (our names, ``slca_exp.tracking.names``) logged by verl's tracker at that step,
+       next to verl's own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+from verl.trainer.ppo.v1 import PPOTrainerSync, get_trainer_cls, register_trainer
+
+from slca_exp.engines.verl.estimators import mask_rule, segment_call
+from slca_exp.engines.verl.rewards import NO_SUMMARY_KEY, reward_metrics
+
+TRAINER_MODE = "slca_sync"
+"""``trainer.v1.trainer_mode`` of :class:`SLCATrainer`."""
+
+
+def batch_infos(extra_fields: Sequence[Any]) -> list[Mapping[str, Any]]:
+    """Each rollout's ``reward_extra_info`` from its TransferQueue ``extra_fields`` ({} if none)."""
+    infos = []
+    for fields in extra_fields:
+        info = fields.get("reward_extra_info") if isinstance(fields, Mapping) else None
+        infos.append(info if isinstance(info, Mapping) else {})
+    return infos
+
+
+def no_summary_rows(infos: Sequence[Mapping[str, Any]]) -> np.ndarray:
+    """(B,) bool: the rollouts the reward side marked as having no summary segment."""
+    return np.array([bool(info.get(NO_SUMMARY_KEY, 0)) for info in infos], dtype=bool)
+
+
+def segment_metrics(
+    infos: Sequence[Mapping[str, Any]], estimator_stats: Mapping[str, float]
+) -> dict[str, float]:
+    """The step's metrics under our names: ``reward/*``, ``judge/*`` and the estimator's."""
+    return {**reward_metrics(infos), **{k: float(v) for k, v in estimator_stats.items()}}
+
+
+@register_trainer(TRAINER_MODE)
+class SLCATrainer(PPOTrainerSync):
+    """verl's synchronous trainer; each step also logs slca-exp's per-segment metrics."""
+
+    def _compute_advantage(self, batch: Any, metrics: dict) -> Any:  # noqa: ANN401 - KVBatchMeta
+        """The advantage step of verl, with the segment flags in and our metrics out."""
+        import transfer_queue as tq
+
+        data = tq.kv_batch_get(
+            keys=batch.keys, partition_id=batch.partition_id, select_fields=["extra_fields"]
+        )
+        infos = batch_infos(data.pop("extra_fields").tolist())
+        corrected = mask_rule(self.config.algorithm) == "corrected"
+        with segment_call(no_summary_rows(infos) if corrected else None) as call:
+            batch = super()._compute_advantage(batch, metrics=metrics)
+        metrics.update(segment_metrics(infos, call.stats))
+        return batch
+
+
+def registered() -> bool:
+    """Whether verl's registry maps :data:`TRAINER_MODE` to :class:`SLCATrainer`."""
+    try:
+        return get_trainer_cls(TRAINER_MODE) is SLCATrainer
+    except ValueError:
+        return False

@@ -1,0 +1,136 @@
+"""``train engine=verl`` on a CPU host: everything verl needs is prepared and checked, then the
+run stops before verl's trainer would wait for GPUs this host does not have.
+
+The backbone is a tiny Qwen2-architecture checkpoint built here, saved as a local folder (what a
+cluster user points ``backbone.path`` at); the data is the synthetic split.
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("verl", reason="needs the verl extra")
+pytestmark = pytest.mark.verl
+
+from mlflow.tracking import MlflowClient  # noqa: E402
+from omegaconf import OmegaConf  # noqa: E402
+
+from slca_exp.engines.verl.engine import RUN_IDS_FILE, tracker_env  # noqa: E402
+
+SMALL = [
+    "engine=verl",
+    "backbone.source=local",
+    "backbone.name=tiny-local",
+    "engine.sft.enabled=false",
+    "engine.verl.n_gpus_per_node=1",
+    "engine.verl.tensor_model_parallel_size=1",
+    "engine.verl.train_batch_size=4",
+    "engine.verl.ppo_mini_batch_size=4",
+    "engine.verl.max_response_length=512",
+]
+
+
+@pytest.fixture(scope="module")
+def tiny_folder(tmp_path_factory):
+    """A tiny HF checkpoint folder (config, weights, tokenizer with our chat template)."""
+    from omegaconf import OmegaConf as OC
+
+    from slca_exp.backbones.tiny import build_tiny
+    from slca_exp.config.schema import BackboneConfig, TinyArchConfig
+
+    root = tmp_path_factory.mktemp("tiny")
+    cfg = OC.structured(BackboneConfig(name="tiny", source="builtin", arch=TinyArchConfig()))
+    texts = ["<tool_call> get_weather city Paris </tool_call> It is sunny in Paris."] * 20
+    build_tiny(cfg, corpus=lambda: texts, cache_root=root, seed=0)
+    (folder,) = (root / "backbones").iterdir()
+    return folder
+
+
+@pytest.fixture(scope="module")
+def cpu_run(tiny_folder, tmp_path_factory):
+    """``slca-exp train engine=verl ...`` as a user runs it, on this GPU-less host."""
+    work = tmp_path_factory.mktemp("verl-run")
+    env = {**os.environ, "SLCA_EXP_ROOT": str(work / "out")}
+    exe = shutil.which("slca-exp") or str(Path(sys.executable).parent / "slca-exp")
+    res = subprocess.run(
+        [exe, "train", *SMALL, f"backbone.path={tiny_folder}"],
+        cwd=work,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    (verl_dir,) = (work / "out" / "runs").glob("*/verl")
+    return res, verl_dir, work / "out"
+
+
+def test_it_stops_before_verl_would_wait_for_gpus_naming_the_key(cpu_run):
+    res, _, _ = cpu_run
+    assert res.returncode == 2, res.stderr[-3000:]
+    assert "engine.verl.n_gpus_per_node" in res.stderr
+    assert "this host has 0" in res.stderr and "wait for them forever" in res.stderr
+
+
+def test_everything_verl_reads_is_written_and_points_at_our_run(cpu_run):
+    _, verl_dir, out = cpu_run
+    names = {p.relative_to(verl_dir).as_posix() for p in verl_dir.rglob("*") if p.is_file()}
+    assert names == {
+        "ppo_trainer.yaml",
+        "agent_loops.yaml",
+        "tools.yaml",
+        "data/train.parquet",
+        "data/val.parquet",
+        RUN_IDS_FILE,
+    }
+    cfg = OmegaConf.load(verl_dir / "ppo_trainer.yaml")
+    ids = json.loads((verl_dir / RUN_IDS_FILE).read_text())
+    env = cfg.ray_kwargs.ray_init.runtime_env.env_vars
+    assert ids["mlflow"] == env.MLFLOW_RUN_ID
+    assert env.VERL_USE_EXTERNAL_MODULES == "slca_exp.engines.verl.plugin"
+    assert cfg.trainer.v1.trainer_mode == "slca_sync"
+    assert cfg.data.train_files == str(verl_dir / "data" / "train.parquet")
+    # one MLflow run: ours, with the recipe, FAILED because the run could not start
+    client = MlflowClient(f"sqlite:///{out / 'mlflow.db'}")
+    runs = [r for e in client.search_experiments() for r in client.search_runs([e.experiment_id])]
+    assert [r.info.run_id for r in runs] == [ids["mlflow"]]
+    assert runs[0].info.status == "FAILED"
+
+
+def test_verls_dataset_reads_the_data_copy_with_each_rows_tool_context(cpu_run, tiny_folder):
+    from transformers import AutoTokenizer
+    from verl.utils.dataset.rl_dataset import RLHFDataset
+
+    _, verl_dir, _ = cpu_run
+    cfg = OmegaConf.load(verl_dir / "ppo_trainer.yaml")
+    tools = {t.tool_schema.function.name for t in OmegaConf.load(verl_dir / "tools.yaml").tools}
+    tokenizer = AutoTokenizer.from_pretrained(tiny_folder)
+    data = RLHFDataset(str(verl_dir / "data" / "train.parquet"), tokenizer, cfg.data)
+    row = data[3]
+    assert set(row["tools_kwargs"]) == tools  # every tool of the split, none missing (no nulls)
+    context = row["tools_kwargs"][sorted(tools)[0]]["create_kwargs"]
+    assert context["question"] == row["reward_model"]["ground_truth"]["question_content"]
+    assert json.loads(context["tool_responses"])  # the recorded responses the replay answers
+
+
+def test_verls_mlflow_logger_writes_into_the_run_that_holds_the_recipe(cpu_run, monkeypatch):
+    from verl.utils.tracking import Tracking
+
+    _, verl_dir, out = cpu_run
+    ids = json.loads((verl_dir / RUN_IDS_FILE).read_text())
+    uri = f"sqlite:///{out / 'mlflow.db'}"
+    for key, value in tracker_env(ids, {"MLFLOW_TRACKING_URI": uri}).items():
+        monkeypatch.setenv(key, value)
+    tracking = Tracking("slca-exp", "verl-run", default_backend=["mlflow"], config={"a": 1})
+    tracking.log({"adv/tool/mean": 0.25, "actor/pg_loss": 0.5}, step=1)
+    tracking.finish()
+    client = MlflowClient(uri)
+    runs = [r for e in client.search_experiments() for r in client.search_runs([e.experiment_id])]
+    assert [r.info.run_id for r in runs] == [ids["mlflow"]]  # no second run
+    run = runs[0]
+    assert run.data.metrics["adv/tool/mean"] == 0.25 and "actor/pg_loss" in run.data.metrics
+    assert any(key.startswith("slca.") for key in run.data.tags)  # still the recipe's run
