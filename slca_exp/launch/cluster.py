@@ -26,6 +26,11 @@ error) before it is re-raised; rank 0 turns the report into a :class:`ClusterErr
 rank, its host and its log file, and so does a rank that never joins. :func:`report_failure`
 writes the same report for a failure before :func:`serve` (a config check on rank 1).
 
+Authentication: the cluster has a token of its own (Ray's ``RAY_AUTH_MODE=token``), made by
+rank 0 and passed to the other ranks in the rendezvous folder (:data:`AUTH_TOKEN`, readable by
+the job's user only). Every node, rank 0's driver and what ``main`` starts (verl's ``ray.init()``)
+use it; a token another Ray left in ``~/.ray/auth_token`` does not get in the way.
+
 Stopping: each ``ray start`` runs under a small supervisor (this module run with ``-m``), the
 leader of a session of its own, which gets SIGTERM when the task dies (Linux
 ``PR_SET_PDEATHSIG``) and then stops every process of the node: its process group, then the
@@ -86,6 +91,10 @@ STOP_GRACE_S = 15.0
 """SIGTERM to a node's process group, then SIGKILL after this many seconds."""
 
 HEAD_ADDRESS = "head.json"
+AUTH_TOKEN = "auth_token"
+"""The cluster's token in the rendezvous folder (mode 0600), written before ``head.json`` and
+removed when the head's node has stopped."""
+AUTH_ENV = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN")
 HEAD_DONE = "head.done"
 HEAD_FAILED = "head.failed"
 
@@ -427,10 +436,11 @@ def _serve_head(
 ) -> T:
     rendezvous = task.rendezvous
     node: _RayNode | None = None
-    previous_address = os.environ.get("RAY_ADDRESS")
+    previous = {name: os.environ.get(name) for name in ("RAY_ADDRESS", *AUTH_ENV)}
     done = False
     try:
         rendezvous.mkdir(parents=True, exist_ok=True)
+        _use_token(_new_token(rendezvous / AUTH_TOKEN))
         import ray
         from ray.util import get_node_ip_address
 
@@ -473,13 +483,37 @@ def _serve_head(
         raise
     finally:
         with signals_deferred():  # stopping the nodes must not be cut
-            _restore_env("RAY_ADDRESS", previous_address)
             _disconnect_driver()
+            for name, value in previous.items():
+                _restore_env(name, value)
             if done:
                 _write_json(rendezvous / HEAD_DONE, {"host": task.host})
             if node is not None:
                 _wait_for_workers_to_leave(task)
                 node.stop(remove_temp_dir=done)
+            with contextlib.suppress(OSError):  # the cluster is gone: so is its token
+                (rendezvous / AUTH_TOKEN).unlink()
+
+
+def _new_token(path: Path) -> str:
+    """A fresh random token, written to ``path`` readable by this user only."""
+    import secrets
+
+    token = secrets.token_hex(32)
+    tmp = path.with_name(f".{path.name}.tmp")
+    with contextlib.suppress(FileNotFoundError):
+        tmp.unlink()
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(token)
+    tmp.replace(path)
+    return token
+
+
+def _use_token(token: str) -> None:
+    """Make this process and its children (Ray nodes, drivers) use the cluster's token."""
+    os.environ["RAY_AUTH_MODE"] = "token"
+    os.environ["RAY_AUTH_TOKEN"] = token
 
 
 def _wait_for_nodes(task: TaskInfo, node: _RayNode, join_timeout_s: float) -> list[dict]:
@@ -591,12 +625,14 @@ def _serve_worker(task: TaskInfo, join_timeout_s: float, temp_dir: Path) -> None
     rendezvous = task.rendezvous
     node: _RayNode | None = None
     left_cleanly = False
+    previous = {name: os.environ.get(name) for name in AUTH_ENV}
     try:
         rendezvous.mkdir(parents=True, exist_ok=True)
         address = _wait_for_head(task, START_TIMEOUT_S + join_timeout_s)
         if address is None:
             return
         head_ip, head_port = address.rsplit(":", 1)
+        _use_token((rendezvous / AUTH_TOKEN).read_text().strip())
         _wait_until(
             lambda: _tcp_open(head_ip, int(head_port)),
             START_TIMEOUT_S,
@@ -648,6 +684,8 @@ def _serve_worker(task: TaskInfo, join_timeout_s: float, temp_dir: Path) -> None
                 node.stop(remove_temp_dir=left_cleanly)
                 with contextlib.suppress(OSError):
                     _write_json(rendezvous / f"rank{task.rank}.left", {"host": task.host})
+            for name, value in previous.items():
+                _restore_env(name, value)
 
 
 class _HeadFailed(Exception):

@@ -54,6 +54,7 @@ def main(info):
         "address": info.address,
         "ray_address": os.environ.get("RAY_ADDRESS"),
         "seen_by_ray_init": seen,
+        "auth_mode": os.environ.get("RAY_AUTH_MODE"),
         "nodes": [dataclasses.asdict(n) for n in info.nodes],
     }
 
@@ -65,7 +66,8 @@ if mode == "report" and task.rank == 1:
         raise
 result = serve(task, main, join_timeout_s=join_timeout_s, temp_root=temp_root)
 after = os.environ.get("RAY_ADDRESS")
-print(json.dumps({"rank": task.rank, "result": result, "ray_address": after}))
+leftover = [name for name in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN") if name in os.environ]
+print(json.dumps({"rank": task.rank, "result": result, "ray_address": after, "auth": leftover}))
 """
 
 
@@ -330,12 +332,13 @@ def test_a_two_task_job_boots_one_cluster_runs_main_on_rank_0_and_stops(job):
     elapsed = time.monotonic() - start
     assert codes == {0: 0, 1: 0}, job.log(0).read_text() + job.log(1).read_text()
     head, worker = job.output(0), job.output(1)
-    assert worker == {"rank": 1, "result": None, "ray_address": None}
+    assert worker == {"rank": 1, "result": None, "ray_address": None, "auth": []}
+    assert head["auth"] == []  # the cluster's token is not left in the task's environment
     result = head["result"]
     gcs = Ports.head_gcs_port(job.job_id)
     assert result["address"].endswith(f":{gcs}") and result["ray_address"] == result["address"]
     assert head["ray_address"] is None  # restored after main
-    assert result["seen_by_ray_init"] == 2
+    assert result["seen_by_ray_init"] == 2 and result["auth_mode"] == "token"
     nodes = result["nodes"]
     assert [n["rank"] for n in nodes] == [0, 1]
     assert [n["node_manager_port"] for n in nodes] == [
@@ -382,6 +385,16 @@ def test_a_failure_on_rank_1_fails_rank_0_with_rank_1s_log_path(job, tmp_path, f
     assert elapsed < 60
     assert job.leftovers() == []
     assert not _gcs_answers(job)
+
+
+def test_a_token_another_ray_left_in_home_does_not_get_in_the_way(job, tmp_path):
+    """A local ``ray.init()`` (verl's, on a workstation) leaves ``~/.ray/auth_token`` behind."""
+    home = tmp_path / "home"
+    (home / ".ray").mkdir(parents=True)
+    (home / ".ray" / "auth_token").write_text("0" * 64)
+    codes = job.run("ok", extra_env={0: {"HOME": str(home)}, 1: {"HOME": str(home)}})
+    assert codes == {0: 0, 1: 0}, job.log(0).read_text()[-3000:] + job.log(1).read_text()[-3000:]
+    assert job.output(0)["result"]["seen_by_ray_init"] == 2
 
 
 def test_sigterm_on_rank_0_while_main_runs_stops_every_node(job):

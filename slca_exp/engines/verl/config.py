@@ -145,6 +145,39 @@ def verl_config(config: RunConfig, recipe: Recipe | None = None) -> DictConfig:
             bad (each problem names its key).
 
     """
+    return translated(
+        config,
+        Path(CONFIG_FILE).stem,
+        verl_values(config, recipe),
+        config.engine.verl.overrides,
+        "engine.verl.overrides",
+        new_keys=(PARAMS_KEY, ENV_VARS_KEY, OUR_KEY),
+    )
+
+
+def translated(
+    config: RunConfig,
+    name: str,
+    values: dict[str, Any],
+    overrides: list[str],
+    where: str,
+    *,
+    new_keys: tuple[str, ...] = (),
+) -> DictConfig:
+    """Verl's config ``name`` composed, with ``values`` set, then ``overrides`` applied.
+
+    Args:
+        config: the run config (its backbone must be a checkpoint verl can load).
+        name: verl's config (``ppo_trainer``, ``sft_trainer_engine``).
+        values: verl key -> our value; each key must be verl's, except ``new_keys``.
+        overrides: raw verl overrides (Hydra syntax), applied last.
+        where: the key of ours that holds ``overrides`` (problems name ``where[i]``).
+        new_keys: keys of ours added to verl's config.
+
+    Raises:
+        ConfigError: verl is not installed, the backbone is builtin, or overrides are bad.
+
+    """
     if config.backbone.source == "builtin" or not config.backbone.path:
         raise ConfigError(
             [
@@ -156,17 +189,17 @@ def verl_config(config: RunConfig, recipe: Recipe | None = None) -> DictConfig:
                 )
             ]
         )
-    cfg = copy.deepcopy(compose_verl(str(verl_config_dir())))
+    cfg = copy.deepcopy(compose_verl(str(verl_config_dir()), name))
     with open_dict(cfg):
-        for key, value in verl_values(config, recipe).items():
-            new = key in (PARAMS_KEY, ENV_VARS_KEY, OUR_KEY)
+        for key, value in values.items():
+            new = key in new_keys
             if not (new or has_key(cfg, key)):  # our own table must use verl's names exactly
-                raise KeyError(f"{key!r} is not a key of verl's ppo_trainer config")
+                raise KeyError(f"{key!r} is not a key of verl's {name} config")
             OmegaConf.update(cfg, key, value, merge=False, force_add=new)
     problems = [
         problem
-        for i, text in enumerate(config.engine.verl.overrides)
-        if (problem := apply_override(cfg, text, f"engine.verl.overrides[{i}]")) is not None
+        for i, text in enumerate(overrides)
+        if (problem := apply_override(cfg, text, f"{where}[{i}]")) is not None
     ]
     if problems:
         raise ConfigError(problems)

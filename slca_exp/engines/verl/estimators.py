@@ -56,12 +56,16 @@ class SegmentCall:
     Attributes:
         no_summary: (B,) bool in the batch's row order, rollouts without a summary segment
             (the corrected mask rule); ``None``: read every rollout off its mask (parity).
+        absent_summary: (B,) bool, rollouts whose summary could not be scored (a judge failure
+            under ``reward.judge_failure=absent``): their summary takes no part in the group
+            normalisation, as in the local engine; ``None``: none.
         stats: filled by the adapter: the estimator's per-segment metrics (our names).
         scores: filled by the adapter: the per-rollout segment scores it used.
 
     """
 
     no_summary: Any = None
+    absent_summary: Any = None
     stats: dict[str, float] = field(default_factory=dict)
     scores: RolloutScores | None = None
 
@@ -70,8 +74,11 @@ _CALL: ContextVar[SegmentCall | None] = ContextVar("slca_segment_call", default=
 
 
 @contextmanager
-def segment_call(no_summary: Any = None) -> Iterator[SegmentCall]:  # noqa: ANN401 - array-like
-    """Hand the adapter the rollouts without a summary, and collect what it computed.
+def segment_call(
+    no_summary: Any = None,  # noqa: ANN401 - array-likes of (B,) bool
+    absent_summary: Any = None,  # noqa: ANN401
+) -> Iterator[SegmentCall]:
+    """Hand the adapter what the mask cannot tell, and collect what it computed.
 
     >>> with segment_call() as call:
     ...     pass  # verl's compute_advantage runs here
@@ -79,7 +86,7 @@ def segment_call(no_summary: Any = None) -> Iterator[SegmentCall]:  # noqa: ANN4
     {}
 
     """
-    call = SegmentCall(no_summary=no_summary)
+    call = SegmentCall(no_summary=no_summary, absent_summary=absent_summary)
     token = _CALL.set(call)
     try:
         yield call
@@ -146,6 +153,8 @@ def verl_estimator(name: str):  # noqa: ANN201 - verl's estimator signature
         call = _CALL.get()
         split = _split(response_mask, config, call, name)
         scores = segment_scores(token_level_rewards, split)
+        if call is not None and call.absent_summary is not None:
+            scores = _absent(scores, call.absent_summary)
         result = estimator(split, index, scores, params_from(config))
         if call is not None:
             call.stats, call.scores = dict(result.stats), scores
@@ -155,6 +164,21 @@ def verl_estimator(name: str):  # noqa: ANN201 - verl's estimator signature
     compute.__name__ = compute.__qualname__ = f"{name}_for_verl"
     compute.__doc__ = f"verl adapter of slca-exp's {name!r} estimator (see {__name__})."
     return compute
+
+
+def _absent(scores: RolloutScores, rows: Any) -> RolloutScores:  # noqa: ANN401
+    """``scores`` with the summary (and so the total) of ``rows`` NaN: not scored."""
+    absent = torch.as_tensor(np.asarray(rows, dtype=bool)).to(scores.summary.device)
+    if absent.shape != scores.summary.shape:
+        raise ValueError(
+            f"absent_summary has {tuple(absent.shape)} flags for {scores.summary.shape[0]} rollouts"
+        )
+    nan = torch.tensor(float("nan"), dtype=scores.summary.dtype, device=absent.device)
+    return RolloutScores(
+        tool=scores.tool,
+        summary=torch.where(absent, nan, scores.summary),
+        total=torch.where(absent, nan, scores.total),
+    )
 
 
 def mask_rule(config: Any) -> str:  # noqa: ANN401

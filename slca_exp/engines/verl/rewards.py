@@ -21,7 +21,9 @@ call has its last tool turn read as the summary). Under ``mask_rule=corrected`` 
 score is dropped; slca-exp's trainer tells the estimator which rollouts those are.
 
 A judge failure under ``reward.judge_failure=absent`` cannot be told apart from a score in
-``rm_scores``: it is written as 0 and flagged in :data:`SUMMARY_FAILED_KEY`. Every value the
+``rm_scores``: it is written as 0 and flagged in :data:`SUMMARY_FAILED_KEY`, and slca-exp's
+trainer tells the estimator to leave that summary out of its group's normalisation, as the local
+engine does. Every value the
 ``reward/*`` and ``judge/*`` metrics need travels in ``reward_extra_info`` too, one scalar per
 key (:func:`reward_metrics` rebuilds the metrics from them in the trainer).
 """

@@ -48,19 +48,16 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from slca_exp.config.schema import RunConfig
 from slca_exp.config.validate import ConfigError, Problem
 from slca_exp.engines.verl.config import (
-    apply_override,
     chat_template,
-    compose_verl,
     first_line,
-    has_key,
     run_name_of,
-    verl_config_dir,
+    translated,
     verl_dir,
     worker_env,
     write_verl_config,
@@ -136,31 +133,13 @@ def sft_config(config: RunConfig, recipe: Recipe | None = None) -> DictConfig:
             bad (each problem names its key).
 
     """
-    if config.backbone.source == "builtin" or not config.backbone.path:
-        raise ConfigError(
-            [
-                Problem(
-                    "backbone.source",
-                    "engine=verl loads a Hugging Face checkpoint; a builtin backbone exists only "
-                    "inside the local engine",
-                    "pick a hub or local backbone, e.g. backbone=qwen2.5-7b-instruct",
-                )
-            ]
-        )
-    cfg = copy.deepcopy(compose_verl(str(verl_config_dir()), CONFIG_NAME))
-    with open_dict(cfg):
-        for key, value in sft_values(config, recipe).items():
-            if not has_key(cfg, key):  # our own table must use verl's names exactly
-                raise KeyError(f"{key!r} is not a key of verl's {CONFIG_NAME} config")
-            OmegaConf.update(cfg, key, value, merge=False)
-    problems = [
-        problem
-        for i, text in enumerate(config.engine.verl.sft_overrides)
-        if (problem := apply_override(cfg, text, f"engine.verl.sft_overrides[{i}]")) is not None
-    ]
-    if problems:
-        raise ConfigError(problems)
-    return cfg
+    return translated(
+        config,
+        CONFIG_NAME,
+        sft_values(config, recipe),
+        config.engine.verl.sft_overrides,
+        "engine.verl.sft_overrides",
+    )
 
 
 def sft_values(config: RunConfig, recipe: Recipe | None = None) -> dict[str, Any]:

@@ -8,7 +8,8 @@ translated config selects it. Nothing of verl is patched: the class overrides on
 training loop, ``_compute_advantage``, and calls verl's own:
 
     TransferQueue --(extra_fields: reward_extra_info per rollout, in the batch's row order)-->
-      no_summary flags (mask_rule=corrected)  ->  segment_call(...)  ->  verl's advantage step
+      no_summary flags (mask_rule=corrected),
+      absent summaries (judge failures)       ->  segment_call(...)  ->  verl's advantage step
                                                    (our estimator adapter reads the flags and
                                                     leaves its per-segment stats)
       reward_extra_info rows  ->  reward/* and judge/* metrics
@@ -25,7 +26,7 @@ import numpy as np
 from verl.trainer.ppo.v1 import PPOTrainerSync, get_trainer_cls, register_trainer
 
 from slca_exp.engines.verl.estimators import mask_rule, segment_call
-from slca_exp.engines.verl.rewards import NO_SUMMARY_KEY, reward_metrics
+from slca_exp.engines.verl.rewards import NO_SUMMARY_KEY, SUMMARY_FAILED_KEY, reward_metrics
 
 TRAINER_MODE = "slca_sync"
 """``trainer.v1.trainer_mode`` of :class:`SLCATrainer`."""
@@ -43,6 +44,15 @@ def batch_infos(extra_fields: Sequence[Any]) -> list[Mapping[str, Any]]:
 def no_summary_rows(infos: Sequence[Mapping[str, Any]]) -> np.ndarray:
     """(B,) bool: the rollouts the reward side marked as having no summary segment."""
     return np.array([bool(info.get(NO_SUMMARY_KEY, 0)) for info in infos], dtype=bool)
+
+
+def absent_summary_rows(infos: Sequence[Mapping[str, Any]]) -> np.ndarray:
+    """(B,) bool: rollouts whose summary the judge could not score (``judge_failure=absent``).
+
+    ``rm_scores`` holds 0 for them; the estimator leaves them out of the normalisation instead.
+    """
+    failed = [bool(i.get(SUMMARY_FAILED_KEY, 0)) and not i.get(NO_SUMMARY_KEY, 0) for i in infos]
+    return np.array(failed, dtype=bool)
 
 
 def segment_metrics(
@@ -65,7 +75,8 @@ class SLCATrainer(PPOTrainerSync):
         )
         infos = batch_infos(data.pop("extra_fields").tolist())
         corrected = mask_rule(self.config.algorithm) == "corrected"
-        with segment_call(no_summary_rows(infos) if corrected else None) as call:
+        no_summary = no_summary_rows(infos) if corrected else None
+        with segment_call(no_summary, absent_summary_rows(infos)) as call:
             batch = super()._compute_advantage(batch, metrics=metrics)
         metrics.update(segment_metrics(infos, call.stats))
         return batch

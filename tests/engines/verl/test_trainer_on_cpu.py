@@ -167,6 +167,34 @@ def test_verls_advantage_step_routes_each_score_and_logs_our_metrics(monkeypatch
     assert set(metrics) <= set(names.METRICS)
 
 
+def test_a_summary_the_judge_could_not_score_is_left_out_of_its_groups_normalisation(
+    monkeypatch,
+):
+    queue, batch, mask = queue_with_group(False)
+    row = queue.rows[("train", batch.keys[1])]  # judge failure under judge_failure=absent
+    row["extra_fields"]["reward_extra_info"].update(
+        {
+            SUMMARY_KEY: 0.0,
+            "slca/summary_failed": 1,
+            "slca/judge/score": float("nan"),
+            "slca/judge_status": "failed",
+        }
+    )
+    row["rm_scores"] = place_segment_scores(row["response_mask"], GROUP[1][1], 0.0)
+    monkeypatch.setattr(transfer_queue, "kv_batch_get", queue.kv_batch_get)
+    monkeypatch.setattr(transfer_queue, "kv_batch_put", queue.kv_batch_put)
+    metrics = {}
+    trainer("parity")._compute_advantage(batch, metrics)
+    r_tool = torch.tensor([g[1] for g in GROUP])
+    r_sum = torch.tensor([g[2] for g in GROUP])
+    r_sum[1] = float("nan")  # absent, not 0
+    expected = slca_grpo_advantages(mask, ["prompt0"] * len(GROUP), r_tool, r_sum)
+    got = advantages(queue, batch, mask.shape[1])
+    torch.testing.assert_close(got, expected.advantages, atol=1e-5, rtol=0)
+    assert metrics[names.present_frac("summary")] == pytest.approx(3 / 4)
+    assert metrics["judge/failures"] == 1.0
+
+
 def test_corrected_without_our_trainer_fails_loudly_instead_of_reading_parity():
     from verl import DataProto
     from verl.trainer.ppo.ray_trainer import compute_advantage
