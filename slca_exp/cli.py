@@ -194,6 +194,7 @@ def _verl_configs(configs: list, *, write: bool) -> int:
 
     from slca_exp.engines.verl import config as verl
     from slca_exp.engines.verl import sft
+    from slca_exp.engines.verl.checks import check_verl_config
 
     translated, problems = [], []
     for config in configs:
@@ -204,7 +205,7 @@ def _verl_configs(configs: list, *, write: bool) -> int:
             problems += err.problems
             continue
         if write:
-            problems += verl.check_verl_config(cfg)
+            problems += check_verl_config(cfg)
             problems += sft.check_sft_config(sft_cfg) if sft_cfg is not None else []
         translated.append((config, cfg, sft_cfg))
     if problems:

@@ -32,6 +32,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from slca_exp.config.schema import RunConfig
 from slca_exp.config.validate import ConfigError, Problem
 from slca_exp.engines.verl import config as translate
+from slca_exp.engines.verl.checks import check_verl_config
 
 RUN_IDS_FILE = "run_ids.json"
 """``<run folder>/verl/run_ids.json``: the tracker runs an unfinished verl run logs to."""
@@ -119,7 +120,7 @@ def check(config: RunConfig, recipe: Any = None) -> list[Problem]:  # noqa: ANN4
 
     problems: list[Problem] = []
     try:
-        problems += translate.check_verl_config(translate.verl_config(config, recipe))
+        problems += check_verl_config(translate.verl_config(config, recipe))
     except ConfigError as err:
         problems += err.problems
     if config.engine.sft.enabled:
@@ -164,7 +165,7 @@ def prepare(config: RunConfig, recipe: Any, tracker: Any) -> Launch:  # noqa: AN
     env = tracker_env(run_ids, dict(OmegaConf.select(cfg, env_key) or {}))
     with open_dict(cfg):
         OmegaConf.update(cfg, env_key, env, merge=False, force_add=True)
-    problems = translate.check_verl_config(cfg)
+    problems = check_verl_config(cfg)
     if problems:
         raise ConfigError(problems)
     folder = translate.verl_dir(config)

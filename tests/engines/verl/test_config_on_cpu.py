@@ -19,7 +19,8 @@ from slca_exp.config.compose import compose_run, hydra_context  # noqa: E402
 from slca_exp.config.schema import VerlConfig  # noqa: E402
 from slca_exp.config.validate import ConfigError, validate  # noqa: E402
 from slca_exp.engines.verl import config as verl  # noqa: E402
-from slca_exp.engines.verl.config import check_verl_config, verl_config  # noqa: E402
+from slca_exp.engines.verl.checks import check_verl_config  # noqa: E402
+from slca_exp.engines.verl.config import verl_config  # noqa: E402
 
 PLUGIN = "slca_exp.engines.verl.plugin"
 
