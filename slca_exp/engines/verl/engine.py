@@ -13,10 +13,13 @@
          ``slca_exp.launch.cluster``); elsewhere verl starts a local one.
 
 One MLflow run per recipe: verl's MLflow logger attaches to the run that holds our recipe
-(``MLFLOW_RUN_ID`` in the workers' environment), and its W&B logger resumes ours
-(``WANDB_RUN_ID``, ``WANDB_RESUME=allow``). verl's metrics and ours (``trainer.py``) land there,
-at verl's step. The run ids are kept in ``<run folder>/verl/run_ids.json``: a requeued job
-continues the same runs, and verl resumes from its latest checkpoint (``trainer.resume_mode``).
+(``MLFLOW_RUN_ID`` in the workers' environment), and its W&B logger resumes ours (``WANDB_RUN_ID``,
+``WANDB_RESUME=allow``). verl's metrics and ours (``trainer.py``) land there, at verl's step. The
+SFT stage logs into a child run of it (``<run name>-sft``, tag ``slca.stage=sft``): verl logs each
+trainer's whole config as parameters, and the SFT trainer's ``trainer.*`` and ``data.*`` values
+differ from the RL trainer's, which one run cannot hold. The run ids are kept in ``<run
+folder>/verl/run_ids.json``: a requeued job continues the same runs, and verl resumes from its
+latest checkpoint (``trainer.resume_mode``).
 """
 
 from __future__ import annotations
@@ -91,11 +94,18 @@ class VerlEngine:
 
     def run(self, config: RunConfig, recipe: Any, tracker: Any) -> VerlRunResult:  # noqa: ANN401
         """Prepare the verl run, then SFT and RL through verl on the job's Ray cluster."""
-        from slca_exp.engines.verl.sft import run_sft
+        from slca_exp.engines.verl.sft import finished_sft, run_sft
 
         launch = prepare(config, recipe, tracker)
         require_gpus(launch.cfg)
-        weights = run_sft(config, recipe, env=launch.env)  # None: SFT is off
+        weights = finished_sft(config, recipe)  # a requeued job does not repeat its SFT
+        if config.engine.sft.enabled and weights is None:
+            env, child = sft_env(config, launch.env)
+            try:
+                weights = run_sft(config, recipe, env=env)
+            except BaseException:
+                _end_run(config, child, "FAILED")
+                raise
         if weights is not None:  # the RL stage starts from the SFT weights
             with open_dict(launch.cfg):
                 OmegaConf.update(launch.cfg, MODEL_KEY, str(weights))
@@ -129,6 +139,43 @@ def check(config: RunConfig, recipe: Any = None) -> list[Problem]:  # noqa: ANN4
         except ConfigError as err:
             problems += err.problems
     return problems
+
+
+def sft_env(config: RunConfig, env: dict[str, str]) -> tuple[dict[str, str], str | None]:
+    """The SFT stage's variables: the RL stage's, with a child MLflow run of the recipe's run.
+
+    Returns:
+        ``(variables, the child run's id or None)``; W&B gets a run of its own (no resume).
+
+    """
+    child_env = {
+        k: v for k, v in env.items() if k not in ("MLFLOW_RUN_ID", "WANDB_RUN_ID", "WANDB_RESUME")
+    }
+    parent = env.get("MLFLOW_RUN_ID")
+    if not parent:
+        return child_env, None
+    from mlflow.tracking import MlflowClient
+
+    from slca_exp.tracking.mlflow import store_uri
+
+    client = MlflowClient(store_uri(config.tracking))
+    recipe_run = client.get_run(parent)
+    name = f"{recipe_run.info.run_name or parent}-sft"
+    tags = {"mlflow.parentRunId": parent, "slca.stage": "sft"}
+    child = client.create_run(recipe_run.info.experiment_id, run_name=name, tags=tags)
+    child_env["MLFLOW_RUN_ID"] = child.info.run_id
+    return child_env, child.info.run_id
+
+
+def _end_run(config: RunConfig, run_id: str | None, status: str) -> None:
+    """Close an MLflow run we opened (``FAILED`` when the stage failed)."""
+    if run_id is None:
+        return
+    from mlflow.tracking import MlflowClient
+
+    from slca_exp.tracking.mlflow import store_uri
+
+    MlflowClient(store_uri(config.tracking)).set_terminated(run_id, status)
 
 
 def tracker_env(run_ids: dict[str, str], base: dict[str, str] | None = None) -> dict[str, str]:

@@ -90,7 +90,7 @@ SOURCES: dict[str, str] = {
     "trainer.n_gpus_per_node": "engine.verl.n_gpus_per_node",
     "engine.strategy": "engine.verl.strategy",
     "trainer.logger": "tracking.backends",
-    "trainer.project_name": "experiment_name",
+    "trainer.project_name": "tracking.wandb_project, else experiment_name",
     "trainer.experiment_name": "run_name",
     "trainer.seed": "seed",
     "engine.seed": "seed",
@@ -162,7 +162,7 @@ def sft_values(config: RunConfig, recipe: Recipe | None = None) -> dict[str, Any
             "trainer.n_gpus_per_node": v.n_gpus_per_node,
             "engine.strategy": v.strategy,
             "trainer.logger": list(config.tracking.backends),  # verl has the same three names
-            "trainer.project_name": config.experiment_name,
+            "trainer.project_name": config.tracking.wandb_project or config.experiment_name,
             "trainer.experiment_name": run_name_of(config, recipe) + EXPERIMENT_SUFFIX,
             "trainer.default_local_dir": str(folder / CHECKPOINTS),
             "trainer.seed": config.seed,
@@ -250,6 +250,14 @@ def run_sft(
     if not _has_weights(weights):
         raise RuntimeError(f"verl's SFT trainer finished without writing weights to {weights}")
     return weights
+
+
+def finished_sft(config: RunConfig, recipe: Recipe | None = None) -> Path | None:
+    """The weights of this run's finished SFT stage, or ``None`` (not run yet, or SFT is off)."""
+    if not config.engine.sft.enabled:
+        return None
+    weights = sft_checkpoint(sft_config(config, recipe))
+    return weights if _has_weights(weights) else None
 
 
 def _has_weights(folder: Path) -> bool:

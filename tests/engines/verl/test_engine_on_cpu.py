@@ -134,3 +134,34 @@ def test_verls_mlflow_logger_writes_into_the_run_that_holds_the_recipe(cpu_run, 
     run = runs[0]
     assert run.data.metrics["adv/tool/mean"] == 0.25 and "actor/pg_loss" in run.data.metrics
     assert any(key.startswith("slca.") for key in run.data.tags)  # still the recipe's run
+
+
+def test_the_sft_stage_logs_into_a_child_of_the_recipes_run(cpu_run, tiny_folder, monkeypatch):
+    from verl.utils.tracking import Tracking
+
+    from slca_exp.config.compose import compose_run
+    from slca_exp.config.validate import validate
+    from slca_exp.engines.verl.engine import sft_env
+
+    _, verl_dir, out = cpu_run
+    monkeypatch.setenv("SLCA_EXP_ROOT", str(out))
+    config = validate(compose_run([*SMALL, f"backbone.path={tiny_folder}"]))
+    ids = json.loads((verl_dir / RUN_IDS_FILE).read_text())
+    uri = f"sqlite:///{out / 'mlflow.db'}"
+    rl_env = tracker_env({**ids, "wandb": "w1"}, {"MLFLOW_TRACKING_URI": uri})
+    env, child = sft_env(config, rl_env)
+    assert env["MLFLOW_RUN_ID"] == child != ids["mlflow"]
+    assert "WANDB_RUN_ID" not in env and "WANDB_RESUME" not in env
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    # verl logs its whole config as parameters: the SFT trainer's differ from the RL trainer's
+    sft = Tracking("slca-exp", "run-sft", ["mlflow"], config={"trainer": {"total_epochs": 200}})
+    sft.log({"train/loss": 1.5}, step=1)
+    sft.finish()
+    client = MlflowClient(uri)
+    run = client.get_run(child)
+    assert run.data.tags["mlflow.parentRunId"] == ids["mlflow"]
+    assert run.data.tags["slca.stage"] == "sft" and run.info.run_name.endswith("-sft")
+    assert run.data.metrics["train/loss"] == 1.5
+    assert run.data.params["trainer/total_epochs"] == "200"
+    assert "train/loss" not in client.get_run(ids["mlflow"]).data.metrics

@@ -19,6 +19,7 @@ from slca_exp.data.synthetic import build_rows  # noqa: E402
 from slca_exp.engines.verl import sft  # noqa: E402
 from slca_exp.engines.verl.sft import (  # noqa: E402
     check_sft_config,
+    finished_sft,
     sft_checkpoint,
     sft_command,
     sft_config,
@@ -27,13 +28,10 @@ from slca_exp.engines.verl.sft import (  # noqa: E402
 
 
 def run_config(*overrides, experiment=None):
-    """The typed config of ``engine=verl`` (or an experiment) + ``overrides``.
-
-    (``engine.name=local`` only to pass the engine registry, which has no verl engine yet.)
-    """
+    """The typed config of ``engine=verl`` (or an experiment) + ``overrides``."""
     head = [f"experiment={experiment}"] if experiment else ["engine=verl"]
-    config = validate(compose_run([*head, *overrides, "engine.name=local"]))
-    config.engine.name = "verl"
+    config = validate(compose_run([*head, *overrides]))
+    assert config.engine.name == "verl"
     return config
 
 
@@ -318,3 +316,21 @@ def test_run_sft_launches_verls_trainer_on_the_written_config_and_data(monkeypat
     assert sft.run_sft(config) == sft_checkpoint(cfg) and len(launched) == 1  # reused
     config.engine.sft.enabled = False
     assert sft.run_sft(config) is None
+
+
+def test_a_finished_sft_stage_is_found_and_not_repeated():
+    import shutil
+
+    config = hub("seed=123")  # a run folder of its own
+    weights = sft_checkpoint(sft_config(config))
+    assert finished_sft(config) is None  # nothing saved yet
+    try:
+        weights.mkdir(parents=True)
+        (weights / "config.json").write_text("{}")  # verl writes these before the weights
+        assert finished_sft(config) is None
+        (weights / "model.safetensors").write_bytes(b"")
+        assert finished_sft(config) == weights
+        config.engine.sft.enabled = False
+        assert finished_sft(config) is None
+    finally:
+        shutil.rmtree(weights.parents[1], ignore_errors=True)
