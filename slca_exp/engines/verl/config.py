@@ -30,6 +30,7 @@ import importlib
 import importlib.util
 import os
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -513,13 +514,38 @@ def first_line(err: BaseException) -> str:
 
 
 def problem(key: str, what: str, fix: str = "") -> Problem:
-    """A problem on verl key ``key``; the fix names the key of ours it is translated from."""
-    key_of = re.sub(r"\[\d+\]$", "", key)  # trainer.logger[1] comes from trainer.logger
-    if key_of in SOURCES:
-        also = f" (with {ALSO[key_of]})" if key_of in ALSO else ""
-        where = f"change {SOURCES[key_of]}{also}"
-    elif key in FIXED:
-        where = f"slca-exp always sets {key}={FIXED[key]}; override it in engine.verl.overrides"
+    """A problem on verl key ``key`` of the RL config (see :func:`keyed_problem`)."""
+    return keyed_problem(key, what, fix)
+
+
+def keyed_problem(
+    key: str,
+    what: str,
+    fix: str = "",
+    *,
+    sources: Mapping[str, str] = SOURCES,
+    fixed: Mapping[str, Any] = FIXED,
+    overrides: str = "engine.verl.overrides",
+    also: Mapping[str, str] = ALSO,
+) -> Problem:
+    """A problem on verl key ``key``; the fix names the key of ours it is translated from.
+
+    Args:
+        key: verl's key (``trainer.logger[1]`` comes from ``trainer.logger``).
+        what: what is wrong.
+        fix: how to fix it in verl's terms (our key is appended).
+        sources: verl key -> our key (:data:`SOURCES`, or the SFT table).
+        fixed: the values slca-exp always sets.
+        overrides: where raw verl overrides of that config go.
+        also: keys of ours that take part besides the source.
+
+    """
+    key_of = re.sub(r"\[\d+\]$", "", key)
+    if key_of in sources:
+        with_ = f" (with {also[key_of]})" if key_of in also else ""
+        where = f"change {sources[key_of]}{with_}"
+    elif key_of in fixed:
+        where = f"slca-exp always sets {key_of}={fixed[key_of]}; override it in {overrides}"
     else:
-        where = "set it in engine.verl.overrides"
+        where = f"set it in {overrides}"
     return Problem(key, what, f"{fix}; {where}" if fix else where)

@@ -56,6 +56,7 @@ from slca_exp.config.validate import ConfigError, Problem
 from slca_exp.engines.verl.config import (
     chat_template,
     first_line,
+    keyed_problem,
     run_name_of,
     translated,
     verl_dir,
@@ -579,12 +580,13 @@ def _gpu_checks(cfg: DictConfig) -> list[Problem]:
 
 
 def _problem(key: str, what: str, fix: str = "") -> Problem:
-    """A problem on verl key ``key``; the fix names the key of ours it is translated from."""
-    key_of = key.split("[", 1)[0]  # trainer.logger[1] comes from trainer.logger
-    if key_of in SOURCES:
-        where = f"change {SOURCES[key_of]}"
-    elif key_of in FIXED:
-        where = f"slca-exp sets {key_of}={FIXED[key_of]}; override it in engine.verl.sft_overrides"
-    else:
-        where = "set it in engine.verl.sft_overrides"
-    return Problem(key, what, f"{fix}; {where}" if fix else where)
+    """A problem on verl key ``key`` of the SFT config; the fix names our key."""
+    return keyed_problem(
+        key,
+        what,
+        fix,
+        sources=SOURCES,
+        fixed=FIXED,
+        overrides="engine.verl.sft_overrides",
+        also={},
+    )
