@@ -21,14 +21,8 @@ already boots a Ray cluster in the allocation and exports ``RAY_ADDRESS``
 does; on one machine without ``RAY_ADDRESS`` the same ``ray.init()`` starts a local cluster. A
 torchrun launch would need a second way to start processes on every node for this stage only.
 
-Data. verl's ``MultiTurnSFTDataset`` reads parquet with pandas' pyarrow backend, and parquet
-gives every row of a column one struct type: tool arguments and tool schemas, whose keys differ
-from tool to tool, come back as the union of all keys with ``None`` for the missing ones (the
-chat template then renders ``"city": null`` for every other tool's parameters), or fail to write
-when two tools give one key different types. :func:`write_sft_data` therefore stores each row's
-messages and tools as JSON text, and the config names :data:`DATASET_CLASS` (verl's
-``data.custom_cls``), verl's own dataset with one change: it decodes the two columns when a
-row is read. Tokenization, the per-turn loss mask and truncation are verl's.
+Data: :mod:`slca_exp.engines.verl.sft_data` writes the split as JSON columns and holds the
+dataset class the config names (verl's own, decoding them).
 
 Composing needs only verl's YAML files; checking, the dataset class and running import verl.
 """
@@ -37,14 +31,12 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import functools
 import io
-import json
 import os
 import subprocess
 import sys
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +45,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from slca_exp.config.schema import RunConfig
 from slca_exp.config.validate import ConfigError, Problem
+from slca_exp.engines.verl import sft_data
 from slca_exp.engines.verl.config import (
     chat_template,
     first_line,
@@ -63,6 +56,7 @@ from slca_exp.engines.verl.config import (
     worker_env,
     write_verl_config,
 )
+from slca_exp.engines.verl.sft_data import DATASET_CLASS, MESSAGES, TOOLS, write_sft_data
 from slca_exp.recipe import Recipe
 
 CONFIG_NAME = "sft_trainer_engine"
@@ -74,8 +68,6 @@ DATA_FILE = Path("sft_data") / "sft.parquet"
 CHECKPOINTS = "sft"
 HF_FOLDER = "huggingface"
 """verl's checkpoint manager writes the HF weights into ``global_step_<N>/huggingface``."""
-DATASET_CLASS = "JSONChatSFTDataset"
-MESSAGES, TOOLS = "messages", "tools"
 EXPERIMENT_SUFFIX = "-sft"
 
 SOURCES: dict[str, str] = {
@@ -102,7 +94,7 @@ FIXED: dict[str, Any] = {
     "data.messages_key": MESSAGES,
     "data.tools_key": TOOLS,
     "data.val_files": None,
-    "data.custom_cls.path": f"pkg://{__name__}",
+    "data.custom_cls.path": f"pkg://{sft_data.__name__}",
     "data.custom_cls.name": DATASET_CLASS,
     # engine.sft.max_len: "longer ones are cut", as in the local engine (verl's default: error)
     "data.truncation": "right",
@@ -285,152 +277,6 @@ def _sft_split(config: RunConfig, recipe: Recipe | None) -> Path:
             ]
         )
     return found["sft"]
-
-
-# --- the data ----------------------------------------------------------------------------------
-
-
-def write_sft_data(rows: Sequence[Mapping[str, Any]], path: str | Path) -> Path:
-    """Write SFT rows in the layout :data:`DATASET_CLASS` (verl's dataset) reads.
-
-    One parquet row per trajectory with two JSON columns: ``messages``, the OpenAI-format chat
-    as HF chat templates take it (``content`` a string, each ``tool_calls`` entry
-    ``{"type": "function", "function": {"name", "arguments": {...}}}`` with the arguments an
-    object, never JSON text), and ``tools``, the row's OpenAI function schemas.
-
-    Args:
-        rows: rows of our SFT split (``slca_exp/data/rows.py``: ``messages`` and
-            ``reward_model.ground_truth.tool_schemas``).
-        path: the parquet file to write (its folder is created).
-
-    Returns:
-        ``path``.
-
-    Raises:
-        DataError: rows without a readable chat or schemas (each listed with its index).
-
-    """
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    from slca_exp.data.splits import DataError
-
-    out, bad = {MESSAGES: [], TOOLS: []}, []
-    for i, row in enumerate(rows):
-        try:
-            messages, tools = chat_messages(row[MESSAGES]), _tools_of(row)
-        except (KeyError, TypeError, ValueError) as err:
-            bad.append(f"row {i}: {type(err).__name__}: {err}")
-            continue
-        out[MESSAGES].append(json.dumps(messages, ensure_ascii=False))
-        out[TOOLS].append(json.dumps(tools, ensure_ascii=False))
-    if bad or not out[MESSAGES]:
-        shown = "; ".join(bad[:5]) + (f"; and {len(bad) - 5} more" if len(bad) > 5 else "")
-        raise DataError(
-            [
-                Problem(
-                    "data.files.sft",
-                    f"{len(bad)} of {len(rows)} SFT rows cannot be trained on: {shown}"
-                    if bad
-                    else "the SFT split has no rows",
-                    "give every row a messages chat (slca_exp/data/rows.py) and tool_schemas",
-                )
-            ]
-        )
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    pq.write_table(
-        pa.table(out, schema=pa.schema([(MESSAGES, pa.string()), (TOOLS, pa.string())])), path
-    )
-    return path
-
-
-def chat_messages(messages: str | Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """A chat (a JSON string or a list) as HF chat templates take it.
-
-    ``content`` becomes a string (``None``: empty), every tool call
-    ``{"type": "function", "function": {"name", "arguments": {...}}}`` (arguments given as JSON
-    text, as the OpenAI API sends them, are decoded).
-
-    Raises:
-        ValueError: not a list of messages, an unknown role, or arguments that are no object.
-
-    """
-    from slca_exp.data.rows import ROLES
-
-    if isinstance(messages, str):
-        messages = json.loads(messages)
-    if not isinstance(messages, Sequence) or not messages:
-        raise ValueError("messages is not a non-empty list")
-    chat = []
-    for message in messages:
-        if message.get("role") not in ROLES:
-            raise ValueError(f"unknown role {message.get('role')!r} (one of {', '.join(ROLES)})")
-        out = {k: v for k, v in message.items() if k != "tool_calls"}
-        content = message.get("content")
-        out["content"] = content if isinstance(content, str) else _text(content)
-        if message.get("tool_calls"):
-            out["tool_calls"] = [_tool_call(call) for call in message["tool_calls"]]
-        chat.append(out)
-    return chat
-
-
-def _tool_call(call: Mapping[str, Any]) -> dict[str, Any]:
-    fn = call.get("function", call)
-    arguments = fn.get("arguments") or {}
-    if isinstance(arguments, str):
-        arguments = json.loads(arguments)
-    if not isinstance(arguments, Mapping):
-        raise ValueError(f"the arguments of {fn.get('name')!r} are not an object")
-    return {"type": "function", "function": {"name": fn["name"], "arguments": dict(arguments)}}
-
-
-def _text(content: Any) -> str:  # noqa: ANN401
-    return "" if content is None else json.dumps(content, ensure_ascii=False)
-
-
-def _tools_of(row: Mapping[str, Any]) -> list[dict[str, Any]]:
-    schemas = row["reward_model"]["ground_truth"].get("tool_schemas") or "[]"
-    tools = json.loads(schemas) if isinstance(schemas, str) else list(schemas)
-    if not all(isinstance(t, Mapping) for t in tools):
-        raise ValueError("tool_schemas is not a list of function schemas")
-    return tools
-
-
-def _decode(value: Any) -> Any:  # noqa: ANN401
-    return json.loads(value) if isinstance(value, str) else value
-
-
-@functools.cache
-def _dataset_class() -> type:
-    """The dataset class: verl's ``MultiTurnSFTDataset`` reading our JSON columns."""
-    from verl.utils.dataset.multiturn_sft_dataset import MultiTurnSFTDataset
-
-    class JSONChatSFTDataset(MultiTurnSFTDataset):
-        """verl's multi-turn SFT dataset; ``messages`` and ``tools`` are decoded per row."""
-
-        def _read_files_and_process(self) -> None:
-            super()._read_files_and_process()
-            self.messages = [_decode(m) for m in self.messages]
-            if self.tools is not None:
-                self.tools = [_decode(t) or None for t in self.tools]
-
-        def _build_messages(self, example: dict) -> list:
-            decoded = {**example, self.messages_key: _decode(example[self.messages_key])}
-            return super()._build_messages(decoded)
-
-    JSONChatSFTDataset.__module__ = __name__
-    return JSONChatSFTDataset
-
-
-def __getattr__(name: str) -> Any:  # noqa: ANN401
-    """:data:`DATASET_CLASS`, built on first use so that composing never imports verl.
-
-    verl's trainer finds it with ``getattr`` on this module (``data.custom_cls``).
-    """
-    if name == DATASET_CLASS:
-        return _dataset_class()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # --- verl's own checks -------------------------------------------------------------------------

@@ -16,7 +16,7 @@ from slca_exp.config.validate import ConfigError, validate  # noqa: E402
 from slca_exp.data.rows import gold_messages, sft_row  # noqa: E402
 from slca_exp.data.splits import DataError  # noqa: E402
 from slca_exp.data.synthetic import build_rows  # noqa: E402
-from slca_exp.engines.verl import sft  # noqa: E402
+from slca_exp.engines.verl import sft, sft_data  # noqa: E402
 from slca_exp.engines.verl.sft import (  # noqa: E402
     check_sft_config,
     finished_sft,
@@ -70,7 +70,7 @@ def test_the_default_verl_recipe_translates_to_an_sft_config_verl_accepts():
     assert cfg.trainer.total_epochs >= 1
     assert (cfg.data.messages_key, cfg.data.tools_key) == ("messages", "tools")
     assert cfg.data.train_files.endswith("/verl/sft_data/sft.parquet")
-    assert cfg.data.custom_cls.path == "pkg://slca_exp.engines.verl.sft"
+    assert cfg.data.custom_cls.path == "pkg://slca_exp.engines.verl.sft_data"
     assert (cfg.trainer.nnodes, cfg.trainer.n_gpus_per_node) == (1, 8)
     assert cfg.engine.strategy == config.engine.verl.strategy
     assert cfg.trainer.default_local_dir.endswith("/verl/sft")
@@ -201,7 +201,7 @@ def test_rows_that_cannot_be_trained_on_are_reported_by_index(rows, tmp_path):
 
 
 def test_openai_wire_arguments_become_objects():
-    chat = sft.chat_messages(
+    chat = sft_data.chat_messages(
         [
             {"role": "user", "content": "hi"},
             {
