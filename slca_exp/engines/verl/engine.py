@@ -196,10 +196,13 @@ def tracker_env(run_ids: dict[str, str], base: dict[str, str] | None = None) -> 
 
 
 def prepare(config: RunConfig, recipe: Any, tracker: Any) -> Launch:  # noqa: ANN401
-    """Translate, check, write and verify everything verl needs; nothing is launched.
+    """Translate, write and verify everything verl needs; nothing is launched.
+
+    verl's checks of the translated configs ran before (:func:`check`, from
+    ``slca_exp.train.prepare``); the trackers' run ids added here change no checked value.
 
     Raises:
-        ConfigError: the translated config has problems, or a split is not readable here.
+        ConfigError: the config cannot be translated, or a split is not readable here.
         RegistrationError: verl would not find our estimators or trainer (names the module).
 
     """
@@ -212,9 +215,6 @@ def prepare(config: RunConfig, recipe: Any, tracker: Any) -> Launch:  # noqa: AN
     env = tracker_env(run_ids, dict(OmegaConf.select(cfg, env_key) or {}))
     with open_dict(cfg):
         OmegaConf.update(cfg, env_key, env, merge=False, force_add=True)
-    problems = check_verl_config(cfg)
-    if problems:
-        raise ConfigError(problems)
     folder = translate.verl_dir(config)
     files = translate.write_side_files(config, cfg, require_data=True)
     config_path = translate.write_verl_config(cfg, folder / translate.CONFIG_FILE)
