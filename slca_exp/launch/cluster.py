@@ -31,11 +31,9 @@ rank 0 and passed to the other ranks in the rendezvous folder (:data:`AUTH_TOKEN
 the job's user only). Every node, rank 0's driver and what ``main`` starts (verl's ``ray.init()``)
 use it; a token another Ray left in ``~/.ray/auth_token`` does not get in the way.
 
-Stopping: each ``ray start`` runs under a small supervisor (this module run with ``-m``), the
-leader of a session of its own, which gets SIGTERM when the task dies (Linux
-``PR_SET_PDEATHSIG``) and then stops every process of the node: its process group, then the
-processes marked with :data:`NODE_MARKER` that left it. Never ``ray stop``: it stops every Ray
-node of the host, the other ranks' and other users'. SIGTERM in the task raises
+Stopping: each ``ray start`` runs under a supervisor (:mod:`slca_exp.launch.supervise`) that
+stops exactly its node's processes when asked or when the task dies; never ``ray stop``, which
+stops every Ray node of the host. SIGTERM in the task raises
 :class:`~slca_exp.tracking.base.RunKilled`, so the nodes are stopped on the way out.
 """
 
@@ -58,6 +56,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, TypeVar
 
+from slca_exp.launch import supervise
 from slca_exp.tracking.base import signals_deferred
 
 T = TypeVar("T")
@@ -87,8 +86,6 @@ ACK_TIMEOUT_S = 10.0
 """How long a failing worker waits for the head to take its report in before exiting."""
 HEAD_LOST_S = 30.0
 """How long a worker tolerates a head whose GCS does not answer before it gives up."""
-STOP_GRACE_S = 15.0
-"""SIGTERM to a node's process group, then SIGKILL after this many seconds."""
 
 HEAD_ADDRESS = "head.json"
 AUTH_TOKEN = "auth_token"
@@ -811,7 +808,7 @@ def _read_json(path: Path) -> dict | None:
 
 
 class _RayNode:
-    """A ``ray start --block`` under a supervisor (:func:`_supervise`) in a session of its own."""
+    """A ``ray start --block`` under its supervisor (:mod:`slca_exp.launch.supervise`)."""
 
     def __init__(self, proc: subprocess.Popen, temp_dir: Path, what: str, log: str) -> None:
         self.proc = proc
@@ -862,7 +859,7 @@ class _RayNode:
         # Ray 2.60 drains a node for up to 30 s on SIGTERM; nothing is served here.
         env.setdefault("RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S", "0")
         env["RAY_USAGE_STATS_ENABLED"] = "0"
-        env[NODE_MARKER] = str(temp_dir)  # inherited by every process of the node
+        env[supervise.NODE_MARKER] = str(temp_dir)  # inherited by every process of the node
         num_gpus, visible = _gpu_share(os.environ, task.tasks_per_node, task.local_rank)
         if num_gpus is not None:
             cmd.append(f"--num-gpus={num_gpus}")
@@ -873,13 +870,13 @@ class _RayNode:
             cmd.append(f"--object-store-memory={store}")
         what = "the head's `ray start`" if head else f"rank {task.rank}'s `ray start`"
         proc = subprocess.Popen(
-            [sys.executable, "-m", __name__, str(temp_dir), *cmd],
+            [sys.executable, "-m", supervise.__name__, str(temp_dir), *cmd],
             stdin=subprocess.DEVNULL,
             stdout=2,  # this task's log (srun --error), even when sys.stderr is replaced
             stderr=subprocess.STDOUT,
             env=env,
             start_new_session=True,
-            preexec_fn=_die_with_parent(),
+            preexec_fn=supervise.die_with_parent(),
         )
         return cls(proc, temp_dir, what, task.log)
 
@@ -894,166 +891,16 @@ class _RayNode:
         with contextlib.suppress(ProcessLookupError):
             self.proc.send_signal(signal.SIGTERM)
         try:
-            self.proc.wait(timeout=STOP_GRACE_S + 5)
+            self.proc.wait(timeout=supervise.STOP_GRACE_S + 5)
         except subprocess.TimeoutExpired:
-            _signal_group(self.proc.pid, signal.SIGKILL)
+            supervise.signal_group(self.proc.pid, signal.SIGKILL)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.proc.wait(timeout=5)
-        _kill_node_processes(self.temp_dir, exclude=())
+        supervise.kill_node_processes(self.temp_dir, exclude=())
         if remove_temp_dir:
             import shutil
 
             shutil.rmtree(self.temp_dir, ignore_errors=True)
-
-
-NODE_MARKER = "SLCA_RAY_NODE"
-"""Environment variable that every process of a node inherits: its temp dir. Ray renames its
-processes (``ray::DashboardAgent``), so the command line alone does not find them all."""
-
-
-def node_processes(temp_dir: str | Path) -> list[int]:
-    """The live processes of the Ray node whose temp dir is ``temp_dir``.
-
-    Found by :data:`NODE_MARKER` in their environment or by ``temp_dir`` in their command line
-    (only the processes of this user can be read). Empty once the node is stopped.
-    """
-    exact = str(temp_dir).encode()
-    inside = exact + b"/"
-    marker = NODE_MARKER.encode() + b"=" + exact
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            if _proc_state(entry) in ("Z", "X", None):
-                continue
-            args = (entry / "cmdline").read_bytes().split(b"\0")
-            if not any(a == exact or a.endswith(b"=" + exact) or inside in a for a in args):
-                environ = (entry / "environ").read_bytes().split(b"\0")
-                if marker not in environ:
-                    continue
-        except OSError:
-            continue
-        found.append(int(entry.name))
-    return found
-
-
-def _kill_node_processes(temp_dir: str | Path, exclude: Sequence[int]) -> None:
-    for pid in node_processes(temp_dir):
-        if pid not in exclude:
-            with contextlib.suppress(OSError):
-                os.kill(pid, signal.SIGKILL)
-
-
-def _supervise(argv: Sequence[str]) -> int:
-    """Run ``ray start --block`` and stop every process of its node when asked or orphaned.
-
-    ``python -m slca_exp.launch.cluster <temp dir> <ray start command...>``, started by
-    :meth:`_RayNode.start` as the leader of a new session. SIGTERM, SIGINT or the death of the
-    task (``PR_SET_PDEATHSIG``, or a new parent) stops the node: SIGTERM to the whole group
-    (the processes Ray starts stay in it), SIGKILL after :data:`STOP_GRACE_S`, then the
-    node's processes that left the group. Also stops the rest of the node when ``ray start``
-    exits by itself, with its status.
-    """
-    temp_dir, cmd = argv[0], list(argv[1:])
-    parent = os.getppid()
-    asked: list[int] = []
-
-    def on_signal(signum: int, frame: object) -> None:
-        asked.append(signum)
-
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(sig, on_signal)
-    child = subprocess.Popen(cmd)
-    while child.poll() is None and not asked and os.getppid() == parent:
-        time.sleep(0.1)
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(sig, signal.SIG_IGN)
-    me = os.getpid()
-    group = os.getpgrp()
-    # The GCS last: the other processes report to it on their way out (the raylet unregisters,
-    # the autoscaler's monitor posts an error) and would wait for it for seconds.
-    last = {child.pid, me} | {p for p in _group_members(group) if _cmdline_has(p, b"gcs_server")}
-    for pid in _group_members(group):
-        if pid not in last:
-            with contextlib.suppress(OSError):
-                os.kill(pid, signal.SIGTERM)
-    _wait_for_group(group, keep=last, timeout_s=STOP_GRACE_S / 2)
-    _signal_group(group, signal.SIGTERM)  # ignored by this process
-    _wait_for_group(group, keep={me}, timeout_s=STOP_GRACE_S / 2)
-    for pid in _group_members(group):
-        if pid != me:
-            with contextlib.suppress(OSError):
-                os.kill(pid, signal.SIGKILL)
-    _kill_node_processes(temp_dir, exclude=(me,))
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        child.wait(timeout=5)
-    return 0 if asked else (child.returncode or 0)
-
-
-def _wait_for_group(group: int, keep: set[int], timeout_s: float) -> None:
-    """Wait until the live processes of ``group`` are all in ``keep`` (at most ``timeout_s``)."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and set(_group_members(group)) - keep:
-        time.sleep(0.05)
-
-
-def _cmdline_has(pid: int, text: bytes) -> bool:
-    try:
-        return text in Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return False
-
-
-def _die_with_parent() -> Callable[[], None] | None:
-    """A ``preexec_fn`` that has the child get SIGTERM when this process dies (Linux)."""
-    if not sys.platform.startswith("linux"):
-        return None
-    import ctypes
-
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-    parent = os.getpid()
-
-    def preexec() -> None:
-        prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG
-        if os.getppid() != parent:  # the parent died before prctl
-            os.kill(os.getpid(), signal.SIGTERM)
-
-    return preexec
-
-
-def _signal_group(pgid: int, sig: signal.Signals) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, sig)
-
-
-def _proc_state(entry: Path) -> str | None:
-    """The state letter of ``/proc/<pid>`` (``Z``: zombie); ``None`` when it is gone."""
-    try:
-        stat = (entry / "stat").read_text()
-    except OSError:
-        return None
-    rest = stat[stat.rfind(")") + 2 :].split()
-    return rest[0] if rest else None
-
-
-def _group_members(pgid: int) -> list[int]:
-    """Live (not zombie) processes of process group ``pgid``."""
-    members = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        rest = stat[stat.rfind(")") + 2 :].split()
-        if len(rest) > 2 and rest[0] not in ("Z", "X") and int(rest[2]) == pgid:
-            members.append(int(entry.name))
-    return members
 
 
 def _busy_ports(named: Mapping[str, int]) -> dict[str, int]:
@@ -1231,7 +1078,3 @@ def _restore_env(name: str, value: str | None) -> None:
         os.environ.pop(name, None)
     else:
         os.environ[name] = value
-
-
-if __name__ == "__main__":
-    sys.exit(_supervise(sys.argv[1:]))

@@ -27,10 +27,10 @@ from slca_exp.launch.cluster import (
     TaskInfo,
     _gpu_share,
     _RayNode,
-    node_processes,
     report_failure,
     temp_dir_of,
 )
+from slca_exp.launch.supervise import node_processes
 
 TASK_SCRIPT = """
 import dataclasses, json, os, sys
