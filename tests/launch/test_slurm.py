@@ -138,7 +138,11 @@ def test_a_time_limit_checkpoints_requeues_and_continues_the_same_run(tmp_path):
     assert proc.returncode == 0, out[-3000:]
     text = logs(tmp_path)
     assert "this job is timed-out" in text, text[-3000:]
-    assert "checkpointed at RL step" in text and "requeueing the job" in text
+    assert "requeueing the job" in text
+    # SLURM may send the signal up to a minute early (its event resolution, documented for
+    # --signal): the first run is then cut before its RL steps begin, and there is no RL step
+    # to report. Either way every step below runs exactly once, in the same run.
+    assert "checkpointed at RL step" in text or "validation (sft" not in text.split("requeueing")[0]
     assert len(released) == 1
     client, parents, children = mlflow_runs(tmp_path)
     (run,) = children
