@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import hydra
@@ -101,11 +101,31 @@ def _run_prepared(
     # On SLURM, a time limit or a preemption checkpoints the engine, then requeues the job.
     with (
         preemption_requeues(checkpointable=callable(resume_ids)),
-        tracked_run(tracker, recipe, params),
+        tracked_run(tracker, recipe, params, started=_remembering(engine, config)),
     ):
         result = engine.run(config, recipe, tracker)
     _where_to_look(config, tracker)
     return result
+
+
+def _remembering(
+    engine: Any,  # noqa: ANN401 - any registered engine
+    config: RunConfig,
+) -> Callable[[object], None] | None:
+    """Hand the engine the new runs' ids as soon as they are open (``remember_run_ids``).
+
+    ``tracked_run`` calls it before any signal can stop the job, so a job requeued even before
+    its engine started continues the same runs instead of opening new ones.
+    """
+    remember = getattr(engine, "remember_run_ids", None)
+    if not callable(remember):
+        return None
+
+    def started(tracker: object) -> None:
+        ids_of = getattr(tracker, "run_ids", None)
+        remember(config, dict(ids_of()) if callable(ids_of) else {})
+
+    return started
 
 
 def _where_to_look(config: RunConfig, tracker: object) -> None:

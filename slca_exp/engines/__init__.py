@@ -1,7 +1,11 @@
 """Execution engines, one registry: ``ENGINES.get(cfg.engine.name).run(cfg, recipe, tracker)``.
 
 An engine may also have ``check(config, recipe) -> list[Problem]``: its own problems with a
-validated config, found before anything starts (``slca_exp.train.prepare`` calls it).
+validated config, found before anything starts (``slca_exp.train.prepare`` calls it). An engine
+that checkpoints has ``resume_ids(config)`` (the tracker run ids an interrupted run of this exact
+config logged to, or ``None``) and ``remember_run_ids(config, ids)``, called as soon as the
+trackers' runs are open, before any signal can stop the job: a job requeued at any moment
+continues the same runs.
 
 Built-in engines are registered here behind a small proxy that imports their module on first
 use, so that composing and validating a recipe never pays for importing transformers. Plugins

@@ -10,7 +10,9 @@ the engine gets no chance to save its state. :func:`preemption_requeues` puts th
     run KILLED -> submitit's handler requeues the job (its ``max_num_timeout`` countdown applies)
 
 The requeued job runs the same command in the same folder; the engine finds its checkpoint and
-the MLflow run it was logging to (``resume_ids``) and continues at the next step.
+the MLflow run it was logging to (``resume_ids``) and continues at the next step. SLURM may send
+the signal before the engine has started (its time-limit check runs every 30 s): the run's ids
+are noted as soon as it opens (``remember_run_ids``), so the requeued job still continues it.
 """
 
 from __future__ import annotations

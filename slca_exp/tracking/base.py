@@ -198,19 +198,36 @@ def preempt_signal() -> signal.Signals:
 
 
 @contextmanager
-def tracked_run(tracker: Tracker, recipe: Recipe, params: Mapping[str, Any]) -> Iterator[Tracker]:
+def tracked_run(
+    tracker: Tracker,
+    recipe: Recipe,
+    params: Mapping[str, Any],
+    started: Callable[[Any], None] | None = None,
+) -> Iterator[Tracker]:
     """Start ``tracker``, yield it, and always finish it with the right status.
 
     FINISHED when the block ends, FAILED when it raises, KILLED on SIGTERM (the handler raises
     :class:`RunKilled`, which is re-raised after the tracker is closed) or Ctrl-C.
+
+    Args:
+        tracker: the run's trackers.
+        recipe: recorded when the tracker starts.
+        params: the composed config, logged as parameters.
+        started: called with the started tracker before any signal can stop the run, e.g. to
+            note its run ids where a requeued job finds them: a signal that arrives while the
+            runs are being opened is delivered only after it returns.
+
     """
     previous = None
     if _in_main_thread():
         previous = signal.signal(signal.SIGTERM, _raise_killed)
     try:
-        with signals_deferred():
-            tracker.start(recipe, params)
         try:
+            # A signal held back here is raised as the block ends: the run then closes KILLED.
+            with signals_deferred():
+                tracker.start(recipe, params)
+                if started is not None:
+                    started(tracker)
             yield tracker
         except (RunKilled, KeyboardInterrupt):
             tracker.finish("KILLED")

@@ -9,9 +9,11 @@ import threading
 import time
 
 import pytest
+from mlflow.tracking import MlflowClient
 
 from slca_exp.launch.requeue import preemption_requeues, submitit_handler
 from slca_exp.tracking.base import (
+    MultiTracker,
     RunKilled,
     RunPreempted,
     held_signal,
@@ -119,3 +121,44 @@ def test_the_preemption_signal_follows_submitits_variable(monkeypatch):
     assert preempt_signal() == signal.SIGUSR1
     monkeypatch.setenv("SUBMITIT_PREEMPT_SIGNAL", "SIGTERM")
     assert preempt_signal() == signal.SIGTERM
+
+
+def test_a_job_stopped_while_its_runs_open_continues_them_when_it_runs_again(tmp_path, monkeypatch):
+    # SLURM may announce a time limit up to a minute early: the signal can reach a job while its
+    # MLflow run is being opened, before the engine has saved anything. The requeued job must
+    # still continue that run, not open a second one.
+    from slca_exp import train
+    from slca_exp.config.compose import compose_run
+    from slca_exp.engines.local.engine import LocalEngine
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.delenv("SLCA_EXP_PARENT_RUN_ID", raising=False)
+    cfg = compose_run([f"tracking.root={tmp_path / 'out'}", f"data.dir={tmp_path / 'data'}"])
+    config, engine, recipe = train.prepare(cfg)
+    opened = MultiTracker.start
+
+    def start_then_signal(self, recipe, params):
+        opened(self, recipe, params)
+        signal.pthread_kill(threading.main_thread().ident, signal.SIGTERM)
+
+    steps = []
+    monkeypatch.setattr(MultiTracker, "start", start_then_signal)
+    monkeypatch.setattr(LocalEngine, "run", lambda self, *args: steps.append("first"))
+    with pytest.raises(RunKilled):
+        train._run_prepared(cfg, config, engine, recipe)
+    assert steps == []  # stopped before the engine started
+    client = MlflowClient(f"sqlite:///{tmp_path / 'out' / 'mlflow.db'}")
+    (killed,) = client.search_runs([client.get_experiment_by_name("slca-exp").experiment_id])
+    assert killed.info.status == "KILLED"  # closed, never left RUNNING
+    assert engine.resume_ids(config) == {"mlflow": killed.info.run_id}
+
+    def one_step(self, config, recipe, tracker):
+        tracker.log_metrics({"train/loss": 1.0}, 1)
+
+    monkeypatch.setattr(MultiTracker, "start", opened)
+    monkeypatch.setattr(LocalEngine, "run", one_step)
+    train._run_prepared(cfg, config, engine, recipe)  # the requeued job: the same command
+    (run,) = client.search_runs([client.get_experiment_by_name("slca-exp").experiment_id])
+    assert run.info.run_id == killed.info.run_id and run.info.status == "FINISHED"
+    assert run.data.tags["slca.resumed"] == "true"
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "train/loss")] == [1]

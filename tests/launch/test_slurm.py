@@ -102,15 +102,19 @@ def test_a_2x2_sweep_is_one_array_job_with_a_parent_and_four_children(tmp_path):
 
 
 def test_a_time_limit_checkpoints_requeues_and_continues_the_same_run(tmp_path):
-    steps = 500  # more than the first run can do before the signal, however fast this machine
+    # slurmctld checks time limits every 30 s and sends the --signal at the first check that
+    # is less than 30 s before the signal time: with a 2-minute limit and the signal 60 s
+    # before it, the signal arrives 30 to 60 s in. Each RL step is paced (at least 0.2 s), so
+    # the first run is in the middle of its 300 steps then, however fast this machine is.
+    steps = 300
     proc = submit(
         tmp_path,
         *TINY_LOCAL,
+        "engine.name=paced_local",
         f"engine.rl.steps={steps}",
-        # SLURM's shortest limit is a minute; the signal comes 40 s before it, about 20 s in,
-        # in the middle of the RL steps.
-        "launcher.timeout_min=1",
-        "launcher.signal_delay_s=40",
+        "launcher.timeout_min=2",
+        "launcher.signal_delay_s=60",
+        env=_env(SLCA_EXP_PLUGINS="tests.launch.paced_plugin", PACE_S="0.2"),
         wait=False,
     )
     released, deadline = set(), time.time() + 480
@@ -139,10 +143,7 @@ def test_a_time_limit_checkpoints_requeues_and_continues_the_same_run(tmp_path):
     text = logs(tmp_path)
     assert "this job is timed-out" in text, text[-3000:]
     assert "requeueing the job" in text
-    # SLURM may send the signal up to a minute early (its event resolution, documented for
-    # --signal): the first run is then cut before its RL steps begin, and there is no RL step
-    # to report. Either way every step below runs exactly once, in the same run.
-    assert "checkpointed at RL step" in text or "validation (sft" not in text.split("requeueing")[0]
+    assert "checkpointed at RL step" in text
     assert len(released) == 1
     client, parents, children = mlflow_runs(tmp_path)
     (run,) = children

@@ -66,6 +66,18 @@ class LocalEngine:
         state = resumable(config)
         return dict(state.run_ids) if state is not None and state.run_ids else None
 
+    def remember_run_ids(self, config: RunConfig, run_ids: dict[str, str]) -> None:
+        """Note the tracker runs this config logs to, as soon as they are open.
+
+        A job stopped before its first step (a time limit announced early) then continues the
+        same runs when it is requeued, instead of opening new ones.
+        """
+        if not run_ids:
+            return
+        state = resumable(config) or RunState()
+        state.run_ids = dict(run_ids)
+        state.save(run_dir(config))
+
     def run(self, config: RunConfig, recipe: Any, tracker: Any) -> RunResult:  # noqa: ANN401
         """Run SFT then RL as configured; resumable after a kill (see ``state.py``)."""
         return _LocalRun(config, tracker).execute()

@@ -92,6 +92,20 @@ class VerlEngine:
             return None
         return {str(k): str(v) for k, v in ids.items()} if isinstance(ids, dict) else None
 
+    def remember_run_ids(self, config: RunConfig, run_ids: dict[str, str]) -> None:
+        """Note the tracker runs this config logs to, as soon as they are open.
+
+        A job stopped before verl started (a time limit announced early) then continues the
+        same runs when it is requeued. A ``finished`` marker of an earlier run of the same config
+        is removed: this run is not finished.
+        """
+        if not run_ids:
+            return
+        folder = translate.verl_dir(config)
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / FINISHED_FILE).unlink(missing_ok=True)
+        _write_run_ids(folder, run_ids)
+
     def run(self, config: RunConfig, recipe: Any, tracker: Any) -> VerlRunResult:  # noqa: ANN401
         """Prepare the verl run, then SFT and RL through verl on the job's Ray cluster."""
         from slca_exp.engines.verl.sft import finished_sft, run_sft
@@ -218,13 +232,20 @@ def prepare(config: RunConfig, recipe: Any, tracker: Any) -> Launch:  # noqa: AN
     folder = translate.verl_dir(config)
     files = translate.write_side_files(config, cfg, require_data=True)
     config_path = translate.write_verl_config(cfg, folder / translate.CONFIG_FILE)
-    (folder / RUN_IDS_FILE).write_text(json.dumps(run_ids, sort_keys=True))
+    _write_run_ids(folder, run_ids)
     check_registered(
         [str(cfg.algorithm.adv_estimator)],
         env,
         trainer_mode=str(OmegaConf.select(cfg, "trainer.v1.trainer_mode")),
     )
     return Launch(cfg, folder, config_path, env, [*files, config_path])
+
+
+def _write_run_ids(folder: Path, run_ids: dict[str, str]) -> None:
+    """``run_ids.json``, written atomically (a job may be stopped at any moment)."""
+    tmp = folder / (RUN_IDS_FILE + ".tmp")
+    tmp.write_text(json.dumps(run_ids, sort_keys=True))
+    os.replace(tmp, folder / RUN_IDS_FILE)
 
 
 def available_gpus() -> tuple[int, str]:

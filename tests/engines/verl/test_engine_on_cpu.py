@@ -165,3 +165,24 @@ def test_the_sft_stage_logs_into_a_child_of_the_recipes_run(cpu_run, tiny_folder
     assert run.data.metrics["train/loss"] == 1.5
     assert run.data.params["trainer/total_epochs"] == "200"
     assert "train/loss" not in client.get_run(ids["mlflow"]).data.metrics
+
+
+def test_ids_noted_as_the_runs_open_are_resumed_until_the_run_finishes(
+    tiny_folder, tmp_path, monkeypatch
+):
+    from slca_exp.config.compose import compose_run
+    from slca_exp.config.validate import validate
+    from slca_exp.engines.verl.config import verl_dir
+    from slca_exp.engines.verl.engine import FINISHED_FILE, VerlEngine
+
+    monkeypatch.setenv("SLCA_EXP_ROOT", str(tmp_path / "out"))
+    config = validate(compose_run([*SMALL, f"backbone.path={tiny_folder}"]))
+    engine = VerlEngine()
+    assert engine.resume_ids(config) is None
+    engine.remember_run_ids(config, {"mlflow": "run-1"})  # the job stops before verl starts
+    assert engine.resume_ids(config) == {"mlflow": "run-1"}  # its requeue continues that run
+    (verl_dir(config) / FINISHED_FILE).write_text("")
+    assert engine.resume_ids(config) is None  # a finished run is not continued
+    engine.remember_run_ids(config, {"mlflow": "run-2"})  # the same recipe run once more
+    assert not (verl_dir(config) / FINISHED_FILE).exists()
+    assert engine.resume_ids(config) == {"mlflow": "run-2"}
