@@ -17,7 +17,6 @@ import re
 import warnings
 
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
 
 from slca_exp.config.validate import Problem
 from slca_exp.engines.verl.config import (
@@ -30,6 +29,7 @@ from slca_exp.engines.verl.config import (
     PARAMS_KEY,
     first_line,
     problem,
+    unresolved,
 )
 
 
@@ -57,17 +57,9 @@ def check_verl_config(cfg: DictConfig) -> list[Problem]:
         for section, on in (("reward.reward_model", "enable"), ("distillation", "enabled"))
         if not OmegaConf.select(cfg, f"{section}.{on}", default=False)
     )
-    missing = [
-        problem(key, "has no value (???)")
-        for key in sorted(OmegaConf.missing_keys(cfg))
-        if not key.startswith(unused)
-    ]
-    if missing:
-        return missing
-    try:
-        OmegaConf.resolve(cfg)
-    except OmegaConfBaseException as err:
-        return [problem(str(getattr(err, "full_key", "") or "<verl config>"), first_line(err))]
+    problems = unresolved(cfg, problem, unused)
+    if problems:
+        return problems
     with warnings.catch_warnings():  # verl warns about optional engines it cannot import
         warnings.simplefilter("ignore")
         return _verl_checks(cfg)

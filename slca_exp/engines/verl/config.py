@@ -30,7 +30,7 @@ import importlib
 import importlib.util
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -511,6 +511,33 @@ def first_line(err: BaseException) -> str:
     """The first non-blank line of an error's message (its type's name when there is none)."""
     lines = [line.strip() for line in str(err).splitlines() if line.strip()]
     return lines[0] if lines else type(err).__name__
+
+
+def unresolved(
+    cfg: DictConfig, problem_on: Callable[[str, str], Problem], unused: tuple[str, ...] = ()
+) -> list[Problem]:
+    """Keys of ``cfg`` left at ``???`` or whose interpolation fails (``cfg`` is resolved).
+
+    Args:
+        cfg: a translated config, resolved in place when nothing is missing.
+        problem_on: (verl key, what is wrong) -> the problem, naming our key.
+        unused: key prefixes verl never reads with these settings (their ``???`` is fine).
+
+    Returns:
+        Every key with no value; else the first interpolation that fails; else ``[]``.
+
+    """
+    try:  # missing_keys, too, reads every value: a broken interpolation fails there first
+        missing = [
+            problem_on(key, "has no value (???)")
+            for key in sorted(OmegaConf.missing_keys(cfg))
+            if not key.startswith(unused)
+        ]
+        if not missing:
+            OmegaConf.resolve(cfg)
+    except OmegaConfBaseException as err:
+        return [problem_on(str(getattr(err, "full_key", "") or "<verl config>"), first_line(err))]
+    return missing
 
 
 def problem(key: str, what: str, fix: str = "") -> Problem:

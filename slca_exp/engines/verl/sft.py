@@ -40,18 +40,17 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
+from omegaconf import DictConfig
 
 from slca_exp.config.schema import RunConfig
 from slca_exp.config.validate import ConfigError, Problem
 from slca_exp.engines.verl import sft_data
 from slca_exp.engines.verl.config import (
     chat_template,
-    first_line,
     keyed_problem,
     run_name_of,
     translated,
+    unresolved,
     verl_dir,
     worker_env,
     write_verl_config,
@@ -301,13 +300,9 @@ def check_sft_config(cfg: DictConfig) -> list[Problem]:
 
     """
     cfg = copy.deepcopy(cfg)
-    missing = [_problem(key, "has no value (???)") for key in sorted(OmegaConf.missing_keys(cfg))]
-    if missing:
-        return missing
-    try:
-        OmegaConf.resolve(cfg)
-    except OmegaConfBaseException as err:
-        return [_problem(str(getattr(err, "full_key", "") or "<verl config>"), first_line(err))]
+    problems = unresolved(cfg, _problem)
+    if problems:
+        return problems
     with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
         warnings.simplefilter("ignore")  # verl warns about optional engines it cannot import
         return _verl_checks(cfg) + _gpu_checks(cfg)

@@ -12,7 +12,7 @@ import pytest
 pytest.importorskip("verl", reason="needs the verl extra")
 pytestmark = pytest.mark.verl
 
-from omegaconf import OmegaConf  # noqa: E402
+from omegaconf import OmegaConf, open_dict  # noqa: E402
 
 from slca_exp.cli import main  # noqa: E402
 from slca_exp.config.compose import compose_run, hydra_context  # noqa: E402
@@ -295,3 +295,19 @@ def test_train_dry_run_refuses_what_verl_refuses_creating_nothing(tmp_path, monk
     err = capsys.readouterr().err
     assert "actor_rollout_ref.rollout.tensor_model_parallel_size" in err and "fix:" in err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_keys_left_unset_or_unresolvable_are_named_before_verls_own_checks():
+    cfg = verl_config(run_config("data.dir=/cluster/toucan"))
+    with open_dict(cfg):
+        cfg.data.max_prompt_length = "???"
+        cfg.distillation.teacher = "???"  # a section verl does not read with distillation off
+    problems = check_verl_config(cfg)
+    assert keys(problems) == ["data.max_prompt_length"]
+    assert problems[0].what == "has no value (???)"
+    assert "engine.verl.max_prompt_length" in problems[0].fix  # the key of ours
+    cfg = verl_config(run_config("data.dir=/cluster/toucan"))
+    cfg.trainer.project_name = "${no.such.key}"
+    (bad,) = check_verl_config(cfg)
+    # a problem, not a traceback: the key whose value (or interpolation of it) fails
+    assert bad.key.endswith("project_name") and "no.such.key" in bad.what
