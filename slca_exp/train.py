@@ -66,7 +66,7 @@ def run(cfg: DictConfig) -> object:
     (:mod:`slca_exp.launch.cluster`); rank 0 runs the engine on the cluster, the other ranks
     serve until it is done. A failure on any rank fails the job, naming that rank's log.
     """
-    from slca_exp.launch.cluster import TaskInfo, report_failure, serve
+    from slca_exp.launch.task import TaskInfo
 
     task = TaskInfo.from_env()
     try:
@@ -75,10 +75,14 @@ def run(cfg: DictConfig) -> object:
         # In a multi-task job, tell the others: rank 0 then fails at once naming this task's
         # log, or, when rank 0 is the one failing, the workers stop waiting for it.
         if task is not None:
+            from slca_exp.launch.cluster import report_failure
+
             report_failure(task, exc)
         raise
     if task is None:
         return _run_prepared(cfg, *prepared)
+    from slca_exp.launch.cluster import serve
+
     return serve(task, lambda _cluster: _run_prepared(cfg, *prepared))
 
 

@@ -18,23 +18,22 @@ from pathlib import Path
 
 import pytest
 
-from slca_exp.launch.cluster import (
+from slca_exp.launch.cluster import _RayNode, report_failure, temp_dir_of
+from slca_exp.launch.supervise import node_processes
+from slca_exp.launch.task import (
     PORT_BLOCK,
     PORT_RANGE,
     PORT_SLOTS,
     ClusterError,
     Ports,
     TaskInfo,
-    _gpu_share,
-    _RayNode,
-    report_failure,
-    temp_dir_of,
+    gpu_share,
 )
-from slca_exp.launch.supervise import node_processes
 
 TASK_SCRIPT = """
 import dataclasses, json, os, sys
-from slca_exp.launch.cluster import TaskInfo, report_failure, serve
+from slca_exp.launch.cluster import report_failure, serve
+from slca_exp.launch.task import TaskInfo
 
 mode, join_timeout_s, temp_root = sys.argv[1], float(sys.argv[2]), sys.argv[3]
 task = TaskInfo.from_env()
@@ -313,14 +312,14 @@ def test_ports_are_distinct_in_range_and_the_head_gcs_port_follows_from_the_job_
 
 
 def test_each_task_of_a_host_gets_its_share_of_the_gpus():
-    assert _gpu_share({}, 2, 1) == (None, None)
-    assert _gpu_share({"CUDA_VISIBLE_DEVICES": ""}, 1, 0) == (0, None)
+    assert gpu_share({}, 2, 1) == (None, None)
+    assert gpu_share({"CUDA_VISIBLE_DEVICES": ""}, 1, 0) == (0, None)
     shared = {"CUDA_VISIBLE_DEVICES": "0,1,2,3", "SLURM_GPUS_ON_NODE": "4"}
-    assert _gpu_share(shared, 2, 1) == (2, "2,3")
-    assert _gpu_share(shared, 1, 0) == (4, None)
+    assert gpu_share(shared, 2, 1) == (2, "2,3")
+    assert gpu_share(shared, 1, 0) == (4, None)
     bound = {"CUDA_VISIBLE_DEVICES": "3", "SLURM_GPUS_ON_NODE": "4"}  # --gpus-per-task=1
-    assert _gpu_share(bound, 4, 3) == (1, None)
-    assert _gpu_share({"SLURM_GPUS_ON_NODE": "8"}, 4, 2) == (2, "4,5")
+    assert gpu_share(bound, 4, 3) == (1, None)
+    assert gpu_share({"SLURM_GPUS_ON_NODE": "8"}, 4, 2) == (2, "4,5")
 
 
 # -- a 2-task job on this host -----------------------------------------------------------------
@@ -434,7 +433,8 @@ def test_a_two_task_job_of_submitits_local_executor_boots_one_cluster(tmp_path):
     temp_root = Path("/tmp") / f"slca-l{random.randint(10**6, 10**7 - 1)}"
 
     def task_main() -> object:  # pickled by value: runs in both tasks
-        from slca_exp.launch.cluster import TaskInfo, serve
+        from slca_exp.launch.cluster import serve
+        from slca_exp.launch.task import TaskInfo
 
         task = TaskInfo.from_env()
         assert task is not None
