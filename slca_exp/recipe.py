@@ -249,6 +249,9 @@ def _backbone(config: RunConfig, problems: list[Problem]) -> dict[str, Any]:
 
 
 def _reward(config: RunConfig) -> dict[str, Any]:
+    # Imported here: the rewards pull in torch, which importing the recipe module should not.
+    from slca_exp.rewards.hierr import RULES
+
     r = config.reward
     weights = _plain(r.tool_weights)
     if r.normalize:
@@ -258,6 +261,7 @@ def _reward(config: RunConfig) -> dict[str, Any]:
     return {
         "name": r.name,
         "variant": r.variant,
+        "rules": RULES[r.variant],
         "tool_weights": weights,
         "normalized": r.normalize,
         "process_weight": r.process_weight,

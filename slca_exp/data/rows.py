@@ -1,8 +1,9 @@
 """The row layout of every split, and :func:`check_rows`, which finds rows that break it.
 
-A row is verl's RL row with the Toucan/SLCA ground truth of REFERENCE.md §2. Every nested value
-whose shape varies from row to row (calls, schemas, responses, messages) is a JSON string, so one
-parquet schema fits every row and every reader (pyarrow, pandas, HF datasets) agrees on it.
+A row is verl's RL row with the Toucan/SLCA ground truth the HierR reward reads
+(``slca_exp.rewards.gold``). Every nested value whose shape varies from row to row (calls, schemas,
+responses, messages) is a JSON string, so one parquet schema fits every row and every reader
+(pyarrow, pandas, HF datasets) agrees on it.
 
 ``data_source`` (str)
     ``"slca_synthetic"`` for generated rows; anything for user files.
@@ -30,11 +31,14 @@ parquet schema fits every row and every reader (pyarrow, pandas, HF datasets) ag
     message per call, then ``{"role": "assistant", "content": reply}``. Irrelevant rows: system,
     user, assistant reply.
 
-Rows of user files (``data.kind=files``) need only what the rewards and the engine read:
-``prompt`` with a user message and a ``reward_model.ground_truth`` that ``read_gold`` accepts
-(with readable ``tool_schemas`` when present); ``extra_info.tool_responses``, when present, must
-be a list of such responses; SFT rows need ``messages``. Rows whose ``data_source`` is
-``slca_synthetic`` are held to the whole layout above.
+Rows of user files (``data.kind=files``, ``data=toucan``) need only what the rewards and the
+engine read: ``prompt`` with a user message and a ``reward_model.ground_truth`` that ``read_gold``
+accepts (with readable ``tool_schemas`` when present) and that the reward can score: a row with
+gold calls must allow tools (``allowed_tools`` not empty), every gold call must name an allowed
+tool (otherwise even the exact gold call is an invalid call); ``extra_info.tool_responses``, when
+present, must be a list of such responses; SFT rows need ``messages``. Rows whose
+``data_source`` is ``slca_synthetic`` are held to the whole layout above. The public Toucan rows
+(gold calls as bare tool names, no ``extra_info.tool_responses``) pass as they are.
 """
 
 from __future__ import annotations
@@ -180,6 +184,8 @@ def _row_problems(row: Any, index: int, split: str) -> list[str]:  # noqa: ANN40
         except GroundTruthError as err:
             out.append(str(err).replace("ground_truth.", "reward_model.ground_truth.", 1))
             gold = None
+        else:
+            out += _unscorable(gold)
     extra = row.get("extra_info")
     if extra is not None and not isinstance(extra, Mapping):
         out.append("extra_info must be an object")
@@ -255,11 +261,6 @@ def _synthetic_problems(
     schemas = gold.tool_schemas or {}
     if not gold.allowed or set(schemas) != set(gold.allowed):
         out.append("reward_model.ground_truth.tool_schemas must describe exactly allowed_tools")
-    names = [c.name for c in gold.calls]
-    if not set(names) <= gold.allowed:
-        out.append(
-            f"gold calls name tools outside allowed_tools: {sorted(set(names) - gold.allowed)}"
-        )
     expected = "tool_call" if gold.needs_call else "irrelevant"
     if gold.subset != expected:
         out.append(f"reward_model.ground_truth.subset_name must be {expected!r}")
@@ -277,6 +278,25 @@ def _synthetic_problems(
     if split == "sft" and messages is not None and not out and messages != gold_messages(row):
         out.append("messages must be the gold trajectory of the row")
     return out
+
+
+def _unscorable(gold: Gold) -> list[str]:
+    """Why the HierR reward could not score the row's gold calls (empty: it can)."""
+    if not gold.needs_call:
+        return []
+    if not gold.allowed:
+        return [
+            "reward_model.ground_truth.allowed_tools is empty but the row has gold calls: no "
+            "call can be valid (list the row's tools in allowed_tools, or drop the row)"
+        ]
+    outside = sorted({c.name for c in gold.calls} - gold.allowed)
+    if outside:
+        return [
+            f"reward_model.ground_truth.gold_tool_calls name tools outside allowed_tools: "
+            f"{outside} (the exact gold call would score as invalid; add them to allowed_tools, "
+            "or drop the row)"
+        ]
+    return []
 
 
 def _loads(value: Any) -> Any:  # noqa: ANN401

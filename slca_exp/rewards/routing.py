@@ -1,9 +1,9 @@
 """Penalty routing: the (tool, summary, total) triple the estimators consume.
 
-total = w_process * R_tool + w_respq * R_sum, or the no-call penalty. The paper's omission guard
-(REFERENCE.md §1): when the task needed a call and none was made (``should_no_call``), or the
-total is negative, the tool score becomes 0 and the summary score becomes the total, so the
-penalty reaches the policy through the summary segment only and overrides the judge.
+total = w_process * R_tool + w_respq * R_sum, or the no-call penalty. The paper's omission guard:
+when the task needed a call and none was made (``should_no_call``), or the total is negative, the
+tool score becomes 0 and the summary score becomes the total, so the penalty reaches the policy
+through the summary segment only and overrides the judge.
 
 A NaN summary (judge failure, policy ``absent``) makes the total NaN too: GRPO then leaves the
 rollout out of its group, and SLCA-GRPO treats only its summary segment as absent.
@@ -98,14 +98,16 @@ def reward_stats(
 ) -> dict[str, float]:
     """The ``reward/*`` metrics of a batch (names from :mod:`slca_exp.tracking.names`).
 
-    Tool statistics are over the raw process scores (penalties included); summary statistics over
-    the rollouts the judge scored (NaN left out); the total mean over scored rollouts.
+    Tool statistics are over the raw process scores (penalties included), each component's mean
+    over the rollouts where it was judged (NaN left out); summary statistics over the rollouts the
+    judge scored (NaN left out); the total mean over scored rollouts.
     """
     stats: dict[str, float] = {}
     tool_scores = [t.score for t in tools]
     stats["reward/tool/mean"], stats["reward/tool/std"] = _mean_std(tool_scores)
     for part in COMPONENTS:
-        stats[f"reward/tool/{part}/mean"] = _mean_std([t.components[part] for t in tools])[0]
+        judged = [t.components[part] for t in tools if not math.isnan(t.components[part])]
+        stats[f"reward/tool/{part}/mean"] = _mean_std(judged)[0]
     summary_scores = [s.score for s in summaries if math.isfinite(s.score)]
     stats["reward/summary/mean"], stats["reward/summary/std"] = _mean_std(summary_scores)
     totals = [float(x) for x in torch.as_tensor(scores.total).tolist() if math.isfinite(x)]

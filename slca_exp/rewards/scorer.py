@@ -19,6 +19,9 @@ from slca_exp.rewards.summary import FailurePolicy, SummaryReward, judge_stats, 
 if TYPE_CHECKING:
     from slca_exp.judges.base import Judge
 
+NO_TOOLS = SummaryReward(0.0, None, "short_circuit", "the row allows no tools")
+"""The paper variant's summary on a row whose ``allowed_tools`` is empty (no judge asked)."""
+
 
 @dataclass(frozen=True)
 class RewardBatch:
@@ -89,16 +92,25 @@ class HierRReward:
             raise ValueError(f"{len(responses)} responses for {len(ground_truths)} ground truths")
         golds = _read_all(ground_truths)
         tools = [self.tool(text, gold) for text, gold in zip(responses, golds, strict=True)]
+        # The public reward scores a row that allows no tools 0 without asking the judge.
+        asked = [i for i, g in enumerate(golds) if self.variant == "strict" or g.allowed]
         # The strict variant judges a reply on a row that needs no call even without a tool
         # response (defect (d)); the paper short-circuits it to 0.
-        need = [g.needs_call for g in golds] if self.variant == "strict" else True
-        summaries = summary_rewards(
-            [g.question for g in golds],
-            responses,
-            judge,
-            failure=self.judge_failure,
-            require_tool_response=need,
+        need = [golds[i].needs_call for i in asked] if self.variant == "strict" else True
+        judged = (
+            summary_rewards(
+                [golds[i].question for i in asked],
+                [responses[i] for i in asked],
+                judge,
+                failure=self.judge_failure,
+                require_tool_response=need,
+            )
+            if asked
+            else []
         )
+        summaries = [NO_TOOLS] * len(golds)
+        for i, summary in zip(asked, judged, strict=True):
+            summaries[i] = summary
         scores = route_batch(
             tools,
             summaries,

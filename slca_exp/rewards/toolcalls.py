@@ -15,7 +15,8 @@ from typing import Any
 from slca_exp.rewards.types import ToolCall
 
 TOOL_CALL = ("<tool_call>", "</tool_call>")
-THINK_TAGS = (("<think>", "</think>"), ("<thinking>", "</thinking>"))
+THINK_OPEN = ("<think>", "<thinking>")
+THINK_CLOSE = ("</think>", "</thinking>")
 TOOL_RESPONSE = ("<tool_response>", "</tool_response>")
 
 
@@ -49,30 +50,56 @@ def blocks(text: str, open_tag: str, close_tag: str) -> list[tuple[int, int, int
         pos = end
 
 
-def strip_blocks(text: str, open_tag: str, close_tag: str) -> str:
-    """``text`` without its complete ``open_tag ... close_tag`` blocks."""
-    spans = blocks(text, open_tag, close_tag)
-    if not spans:
+def strip_think(text: str) -> str:
+    """``text`` without its think blocks.
+
+    A think block opens with ``<think>`` or ``<thinking>`` and ends at the first ``</think>`` or
+    ``</thinking>`` after it, whichever comes first: a model that opens one tag and closes the
+    other was still thinking, and what it drafted there is no call and no reply. An opening tag
+    with no closing tag after it ends the scan (the rest stays). Linear in ``len(text)``.
+
+    >>> strip_think("<think>plan</think>answer"), strip_think("<think>draft</thinking>answer")
+    ('answer', 'answer')
+
+    """
+    if "<think" not in text:
         return text
+    opens, closes = _Next(text, THINK_OPEN), _Next(text, THINK_CLOSE)
     parts, pos = [], 0
-    for start, _, _, end in spans:
+    while True:
+        start, open_tag = opens.after(pos)
+        if start < 0:
+            break
+        stop, close_tag = closes.after(start + len(open_tag))
+        if stop < 0:
+            break
         parts.append(text[pos:start])
-        pos = end
+        pos = stop + len(close_tag)
     parts.append(text[pos:])
     return "".join(parts)
 
 
-def strip_think(text: str) -> str:
-    """``text`` without ``<think>..</think>`` and ``<thinking>..</thinking>`` blocks.
+class _Next:
+    """The next occurrence of any of a few tags, from a position that only moves forward.
 
-    >>> strip_think("<think>plan</think>answer")
-    'answer'
-
+    Each tag's last find is remembered and searched again only once the position has passed it,
+    so every tag's searches cover disjoint stretches of the text: linear overall.
     """
-    for open_tag, close_tag in THINK_TAGS:
-        if open_tag in text:
-            text = strip_blocks(text, open_tag, close_tag)
-    return text
+
+    def __init__(self, text: str, tags: tuple[str, ...]) -> None:
+        self.text, self.tags = text, tags
+        self.found = [-2] * len(tags)  # -2: not searched yet; -1: none left
+
+    def after(self, pos: int) -> tuple[int, str]:
+        """(index, tag) of the first tag starting at or after ``pos``; (-1, "") when none."""
+        best, best_tag = -1, ""
+        for i, tag in enumerate(self.tags):
+            at = self.found[i]
+            if at == -2 or 0 <= at < pos:
+                at = self.found[i] = self.text.find(tag, pos)
+            if at >= 0 and (best < 0 or at < best):
+                best, best_tag = at, tag
+        return best, best_tag
 
 
 def tool_responses(text: str) -> list[str]:
@@ -188,19 +215,26 @@ class ParsedCalls:
         return list(grouped.values())
 
 
-def parse_tool_calls(text: str, *, skip_tool_responses: bool = False) -> ParsedCalls:
+def parse_tool_calls(
+    text: str, *, skip_tool_responses: bool = False, decode_string_arguments: bool = True
+) -> ParsedCalls:
     """Parse the ``<tool_call>`` blocks of a decoded rollout. Never raises; linear in ``len(text)``.
 
-    Think blocks are removed first. A block holds a JSON object or an array of objects; each
-    object needs a string ``name`` and a JSON object under ``arguments`` (or ``parameters``;
-    absent means ``{}``; a string holding a JSON object is decoded). A block with any bad call is
-    rejected as a whole, with its reason counted. Tool names are not checked against the row's
-    allowed tools here: that is the reward's business.
+    Think blocks are removed first (:func:`strip_think`). A block holds a JSON object or an array
+    of objects (surrounding whitespace ignored); each object needs a non-empty string ``name``.
+    Its arguments are read the way the public HierR reward reads them: ``arguments``, or
+    ``parameters`` when ``arguments`` is absent or empty (``null``, ``{}``, ``""``, ``0``,
+    ``false``, ``[]``), or ``{}`` when both are; what is read must be a JSON object. A block with
+    any bad call is rejected as a whole, with its reason counted. Tool names are not checked
+    against the row's allowed tools here: that is the reward's business.
 
     Args:
         text: the decoded response (assistant turns, and tool responses when multi-turn).
         skip_tool_responses: ignore anything inside ``<tool_response>`` blocks (a tool may echo
             text that looks like a call); they still separate the assistant turns.
+        decode_string_arguments: read arguments given as a string holding a JSON object (what
+            some chat templates write) as that object; off, such a call is rejected, as the
+            public reward does.
 
     Returns:
         :class:`ParsedCalls`.
@@ -208,6 +242,8 @@ def parse_tool_calls(text: str, *, skip_tool_responses: bool = False) -> ParsedC
     >>> parsed = parse_tool_calls('<tool_call>{"name": "f", "arguments": {"x": 1}}</tool_call>')
     >>> parsed.calls
     [ToolCall(name='f', arguments={'x': 1}, turn=0)]
+    >>> parse_tool_calls('<tool_call>{"name": "f", "arguments": null}</tool_call>').calls
+    [ToolCall(name='f', arguments={}, turn=0)]
 
     """
     if not isinstance(text, str):
@@ -228,7 +264,7 @@ def parse_tool_calls(text: str, *, skip_tool_responses: bool = False) -> ParsedC
     reasons: Counter[str] = Counter()
     for start, a, b, _ in blocks(text, *TOOL_CALL):
         turn = bisect_right(ends, start)
-        calls, error = _decode_block(text[a:b], turn)
+        calls, error = _decode_block(text[a:b], turn, decode_string_arguments)
         if error is not None:
             reasons[error] += 1
         found.append(Block(turn, calls, error))
@@ -248,7 +284,10 @@ def _in_turn(call: ToolCall, turn: int) -> ToolCall:
     return ToolCall(call.name, call.arguments, turn)
 
 
-def _decode_block(content: str, turn: int) -> tuple[tuple[ToolCall, ...], str | None]:
+def _decode_block(
+    content: str, turn: int, decode_strings: bool
+) -> tuple[tuple[ToolCall, ...], str | None]:
+    content = content.strip()
     try:
         value = json.loads(content)
     except RecursionError:
@@ -263,10 +302,11 @@ def _decode_block(content: str, turn: int) -> tuple[tuple[ToolCall, ...], str | 
         if not isinstance(item, dict):
             return (), "array item is not an object"
         name = item.get("name")
-        if not isinstance(name, str):
-            return (), "name missing or not a string"
-        args = item["arguments"] if "arguments" in item else item.get("parameters", {})
-        if isinstance(args, str):
+        if not isinstance(name, str) or not name:
+            return (), "name missing, empty or not a string"
+        # An empty or null `arguments` falls through to `parameters`, then to {}.
+        args = item.get("arguments") or item.get("parameters") or {}
+        if isinstance(args, str) and decode_strings:
             args = _object_from_string(args)
         if not isinstance(args, dict):
             return (), "arguments not a JSON object"

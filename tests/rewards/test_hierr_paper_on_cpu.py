@@ -1,11 +1,14 @@
-"""The paper variant, hand-computed on Toucan-shaped rows: REFERENCE.md §2, one behaviour each."""
+"""The paper variant, hand-computed on Toucan-shaped rows: one behaviour of the public reward each.
+
+Its parity with an independent scorer over random inputs is in ``test_hierr_parity_on_cpu.py``.
+"""
 
 import json
 
 import pytest
 
 from slca_exp.rewards import HierRWeights, read_gold, tool_process_reward
-from slca_exp.rewards.match import loose_equal
+from slca_exp.rewards.match import loose_equal, public_equal
 
 from .rows import LONDON, PARIS, REPLY, TIME_CALL, call, row, tag, turn_break
 
@@ -86,9 +89,18 @@ def test_block_contents_arrays_parameters_and_missing_arguments():
     # no arguments at all means {}
     r = paper(tag(raw='{"name": "get_time"}'), row([[call("get_time")]]))
     assert r.score == pytest.approx(1.0)
-    # arguments given as a JSON string are decoded
+    # arguments given as a JSON string make the block invalid (the strict variant decodes them)
     as_string = {"name": "get_weather", "arguments": json.dumps(PARIS["arguments"])}
-    assert paper(tag(as_string), row([[PARIS]])).score == pytest.approx(1.0)
+    r = paper(tag(as_string), row([[PARIS]]))
+    assert r.score == 0.0 and r.components["format"] == 0.0 and r.calls == ()
+    assert r.reasons == {"arguments not a JSON object": 1}
+    strict = tool_process_reward(tag(as_string), row([[PARIS]]), W, "strict")
+    assert strict.score == pytest.approx(1.0)
+    # null arguments read as {}; empty arguments fall through to "parameters"
+    r = paper(tag(raw='{"name": "get_time", "arguments": null}'), row([[call("get_time")]]))
+    assert r.score == pytest.approx(1.0) and r.calls[0].arguments == {}
+    both = {"name": "get_weather", "arguments": {}, "parameters": PARIS["arguments"]}
+    assert paper(tag(both), row([[PARIS]])).score == pytest.approx(1.0)
 
 
 @pytest.mark.parametrize(
@@ -173,29 +185,63 @@ def test_gold_as_bare_names():
     assert r.score == pytest.approx(1.0)
 
 
+def test_gold_records_what_the_row_states():
+    gold = read_gold(
+        row(
+            [
+                [],
+                [PARIS, {"name": "get_time", "parameters": {"tz": "UTC"}}],
+                [],
+                ["get_time", {"name": "get_time", "arguments": None}, call("get_time")],
+            ]
+        )
+    )
+    # empty steps dropped, turns counted over the others
+    assert [[c.turn for c in step] for step in gold.steps] == [[0, 0], [1, 1, 1]]
+    assert gold.stepped and [c.stated for c in gold.calls] == [True, True, False, False, True]
+    assert [c.public_arguments for c in gold.calls] == [PARIS["arguments"], {}, {}, {}, {}]
+    assert [c.arguments for c in gold.argued_calls] == [PARIS["arguments"]]
+    assert not read_gold(row([PARIS])).stepped and not read_gold(row(["get_time"])).stepped
+    assert read_gold(row([[], []])).steps == () and not read_gold(row([[]])).needs_call
+
+
 @pytest.mark.parametrize(
-    ("gold", "pred", "equal"),
+    ("gold", "pred", "public", "strict"),
     [
-        (None, None, True),
-        (None, "", False),
-        ("  Paris ", "paris", True),
-        ("Paris", "Pariss", False),
-        (3, 3.0000000001, True),
-        (3, 3.001, False),
-        (2, "2", True),
-        (True, "true", True),
-        (True, 1, True),
-        (False, "0", True),
-        (False, "yes", False),
-        ([1, 2], [1, 2], True),
-        ([1, 2], [2, 1], False),
-        ({"a": 1, "b": 2}, {"b": 2, "a": 1}, True),
-        (float("nan"), float("nan"), False),
-        ("new york", "New-York", False),
+        (None, None, True, True),
+        (None, "", False, False),
+        ("  Paris ", "paris", True, True),
+        ("Paris", "Pariss", False, False),
+        (3, 3.0000000001, True, True),
+        (3, 3.001, False, False),
+        (0, 1e-9, False, True),  # the public tolerance is strict (< 1e-9)
+        (2, "2", True, True),
+        (True, "true", True, True),
+        (True, 1, True, True),
+        (False, "0", True, True),
+        (False, "yes", False, False),
+        ("1", "true", True, False),
+        (0, "false", True, False),
+        ("1.0", True, True, False),
+        (False, "0.0", True, False),
+        ([1, 2], [1, 2], True, True),
+        ([1, 2], [2, 1], False, False),
+        ([1, 2], "[1, 2]", True, False),  # a list and its Python repr
+        ({"a": 1}, "{'a': 1}", True, False),
+        ({"a": 1, "b": 2}, {"b": 2, "a": 1}, True, True),
+        (float("nan"), float("nan"), True, False),
+        ("new york", "New-York", False, False),
     ],
 )
-def test_loose_equality(gold, pred, equal):
-    assert loose_equal(gold, pred) is equal
+def test_value_equality_public_and_strict(gold, pred, public, strict):
+    assert public_equal(gold, pred) is public and public_equal(pred, gold) is public
+    assert loose_equal(gold, pred) is strict
+
+
+def test_the_paper_variant_compares_values_the_public_way():
+    for gold, pred in [("1", "true"), (0, "false"), ([1, 2], "[1, 2]"), (float("nan"),) * 2]:
+        r = paper(tag(call("get_time", tz=pred)), row([[call("get_time", tz=gold)]]))
+        assert r.components["value"] == 1.0, (gold, pred)
 
 
 def test_weights_scale_the_components():

@@ -1,7 +1,8 @@
-"""The strict variant differs from the paper exactly on defects (a)-(f), one test per defect.
+"""The strict variant differs from the paper on defects (a)-(f), one test per defect.
 
 Each test builds a rollout where the two variants disagree on exactly one component (or, for (d),
-on the no-call case), and checks that every other component agrees.
+on the no-call case), and checks that every other component agrees. What strict leaves unjudged
+on gold that does not state it (names-only, flat) is in ``test_hierr_toucan_on_cpu.py``.
 """
 
 import pytest
@@ -89,6 +90,24 @@ def test_d_a_correct_no_call_on_an_irrelevant_row_earns_full_credit():
     assert strict.score == pytest.approx(1.0)
     assert strict.components == dict.fromkeys(strict.components, 1.0)
     assert paper.should_no_call == strict.should_no_call == 0
+
+
+def test_d_any_call_attempt_on_an_irrelevant_row_earns_its_format_credit_only():
+    gt = row([], subset="irrelevant")
+    for text, fmt in [
+        (tag(raw="{not json"), 0.0),  # the paper scores this 0.9
+        ("<tool_call>" + '{"name": "get_time"', 0.0),
+        (tag(TIME_CALL) + tag(raw="{not json"), 0.5),
+    ]:
+        paper, strict = both(text, gt)
+        assert strict.components == {
+            "format": fmt,
+            "name": 0.0,
+            "key": 0.0,
+            "value": 0.0,
+            "parallel": 0.0,
+        }
+        assert strict.score == pytest.approx(0.1 * fmt) and paper.score > strict.score
 
 
 def test_d_the_no_call_penalty_is_unchanged():

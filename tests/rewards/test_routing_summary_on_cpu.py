@@ -133,6 +133,40 @@ def test_strict_judges_a_no_call_reply_on_an_irrelevant_row():
         assert judge.requests[0].require_tool_response is need
 
 
+def test_paper_scores_a_row_without_allowed_tools_zero_without_asking_the_judge():
+    no_tools = row([[PARIS]], allowed=())
+    responses = [tag(PARIS) + turn_break('{"temp": 18}') + REPLY] * 2
+    judge = ScriptedJudge([OK])
+    batch = HierRReward(variant="paper").score(responses, [no_tools, row([[PARIS]])], judge)
+    assert len(judge.requests) == 1  # only the row that allows tools was judged
+    assert batch.scores.total.tolist() == pytest.approx([0.0, 1.75])
+    assert batch.summary[0].status == "short_circuit" and batch.tool[0].should_no_call == 0
+    assert (
+        HierRReward(variant="paper")
+        .score(responses[:1], [no_tools], judge)
+        .stats["reward/total/mean"]
+        == 0.0
+    )
+    # strict scores such a row like any other (split loading refuses it when it has gold calls)
+    judge = ScriptedJudge([OK])
+    strict = HierRReward(variant="strict").score(responses[:1], [no_tools], judge)
+    assert len(judge.requests) == 1
+    assert strict.tool[0].components["format"] == 0.0  # no call can be valid
+    assert strict.scores.total.tolist() == pytest.approx([0.25 * 1.0 + 0.75])  # name + judge
+
+
+def test_component_means_leave_out_what_was_not_judged():
+    names_only = row(["get_weather"])
+    good = tag(PARIS) + turn_break('{"temp": 18}') + REPLY
+    judge = ScriptedJudge([OK, OK])
+    batch = HierRReward(variant="strict").score([good, good], [names_only, row([[PARIS]])], judge)
+    assert math.isnan(batch.tool[0].components["key"])
+    assert batch.stats["reward/tool/key/mean"] == 1.0  # the second rollout's only
+    assert batch.stats["reward/tool/mean"] == pytest.approx(1.0)
+    only_names = HierRReward(variant="strict").score([good], [names_only], ScriptedJudge([OK]))
+    assert math.isnan(only_names.stats["reward/tool/key/mean"])  # judged nowhere in the batch
+
+
 def test_route_batch_shapes():
     scores = route_batch(
         [ToolReward(0.5, {}), ToolReward(1.0, {})], [SummaryReward(0.25, 2, "ok")] * 2

@@ -1,6 +1,7 @@
 """The tool-call parser: blocks, turns, tag counts, reasons, and hostile input."""
 
 import json
+import re
 import time
 
 import pytest
@@ -8,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from slca_exp.rewards import final_reply, parse_tool_calls, tool_process_reward, tool_responses
-from slca_exp.rewards.toolcalls import blocks
+from slca_exp.rewards.toolcalls import blocks, strip_think
 
 from .rows import PARIS, REPLY, TIME_CALL, row, tag, turn_break
 
@@ -28,13 +29,11 @@ def test_tag_counts_and_reasons():
     text = tag(PARIS) + tag(raw="{bad") + tag(raw='{"name": 3}') + "<tool_call> unclosed"
     parsed = parse_tool_calls(text)
     assert (parsed.open_tags, parsed.close_tags) == (4, 3)
-    assert parsed.reasons == {"invalid JSON": 1, "name missing or not a string": 1}
+    assert parsed.reasons == {"invalid JSON": 1, "name missing, empty or not a string": 1}
     assert [b.error is None for b in parsed.blocks] == [True, False, False]
 
 
 def test_blocks_match_the_non_greedy_regex():
-    import re
-
     text = "<a>1</a><a>2<a>3</a></a><a>4"
     regex = [m.group(1) for m in re.finditer(r"<a>(.*?)</a>", text, re.S)]
     assert [text[s:e] for _, s, e, _ in blocks(text, "<a>", "</a>")] == regex
@@ -98,11 +97,29 @@ def test_ten_megabytes_of_text():
     assert time.perf_counter() - t0 < 5.0
 
 
+THINK_BLOCK = re.compile(r"<think(?:ing)?>.*?</think(?:ing)?>", re.DOTALL)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from(["<think>", "<thinking>", "</think>", "</thinking>", "x", "<"])))
+def test_think_blocks_close_at_the_first_closing_tag_of_either_kind(parts):
+    text = "".join(parts)
+    assert strip_think(text) == THINK_BLOCK.sub("", text)
+
+
+def test_a_draft_call_in_a_mismatched_think_block_is_no_call():
+    text = "<thinking>draft " + tag(TIME_CALL) + "</think>" + tag(PARIS)
+    parsed = parse_tool_calls(text)
+    assert [c.name for c in parsed.calls] == ["get_weather"] and parsed.open_tags == 1
+
+
 @pytest.mark.parametrize(
     "unit",
     [
         "<tool_call>{",  # unclosed opening tags
         "<think>",  # unclosed think blocks
+        "<think>a</thinking>",  # many think blocks, mismatched
+        "</thinking><thinking>",
         "</tool_call><tool_response>",
         '<tool_call>{"name": "get_weather"}</tool_call>',
     ],
