@@ -27,7 +27,8 @@ class Backbone:
         path: the folder of the saved HF checkpoint (config, weights, tokenizer, template).
         chat_template_sha256: sha256 (hex) of the chat template text the tokenizer renders with.
         name: ``backbone.name``.
-        stop_token_ids: ids that end an assistant turn (``<|im_end|>`` and the eos token).
+        stop_token_ids: ids that end an assistant turn (``<|im_end|>``, the eos token and the
+            checkpoint's declared eos tokens); the local engine's rollouts stop on any of them.
 
     """
 

@@ -162,15 +162,34 @@ def load_folder(
         )
     model.to(device)
     model.eval()
-    stops = [tokenizer.convert_tokens_to_ids(IM_END), tokenizer.eos_token_id]
     return Backbone(
         model=model,
         tokenizer=tokenizer,
         path=Path(folder),
         chat_template_sha256=template_sha256(tokenizer.chat_template),
         name=name,
-        stop_token_ids=tuple(dict.fromkeys(i for i in stops if isinstance(i, int))),
+        stop_token_ids=stop_token_ids_of(tokenizer, getattr(model, "generation_config", None)),
     )
+
+
+def stop_token_ids_of(
+    tokenizer: Any,  # noqa: ANN401
+    generation_config: Any = None,  # noqa: ANN401
+) -> tuple[int, ...]:
+    """The tokens that end an assistant turn, in this order, without repeats.
+
+    ``<|im_end|>`` (the chat layout's end of turn), the tokenizer's eos token, and the eos
+    token(s) the checkpoint's ``generation_config`` declares (Qwen2.5-Instruct lists
+    ``<|endoftext|>`` there too). Only the stop tokens are read from a checkpoint's
+    generation config: how tokens are sampled is the recipe's
+    (``slca_exp.engines.local.sampling.generation_config``).
+    """
+    declared = getattr(generation_config, "eos_token_id", None)
+    if not isinstance(declared, list | tuple):
+        declared = [declared]
+    im_end = tokenizer.get_vocab().get(IM_END)  # not convert_tokens_to_ids: that gives unk
+    stops = [im_end, tokenizer.eos_token_id, *declared]
+    return tuple(dict.fromkeys(i for i in stops if isinstance(i, int) and i >= 0))
 
 
 @contextmanager

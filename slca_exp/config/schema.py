@@ -233,12 +233,25 @@ class RLConfig:
     steps: int = param(20, "RL steps (one batch of rollouts each)", ge=0)
     lr: float = param(1e-4, "AdamW learning rate", gt=0, finite=True)
     epochs: int = param(1, "passes over each batch of rollouts", gt=0)
-    minibatches: int = param(1, "updates per pass", gt=0)
+    minibatches: int = param(
+        1, "updates per pass: the step's rollouts in this many shares (sizes differ by <= 1)", gt=0
+    )
     clip_ratio: float = param(0.2, "PPO clip range of the importance ratio", gt=0, finite=True)
+    clip_ratio_c: float = param(
+        3.0, "dual clip: a token with negative advantage loses at most -A * this", gt=1, finite=True
+    )
     kl_coef: float = param(0.0, "weight of the low-variance KL to the frozen reference", ge=0)
     grad_clip: float = param(1.0, "max gradient norm", gt=0, finite=True)
     grad_cos: bool = param(
         False, "diagnostic: cos(grad_tool, grad_summary) from two masked backward passes"
+    )
+    mask_rule: str = param(
+        "parity",
+        "segment boundary, as engine.verl.mask_rule: parity, the paper's rule (the last learnable "
+        "run is the summary, even a tool call cut off by the turn or token budget) | corrected "
+        "(a rollout ending on an unanswered or malformed tool call has no summary: all its "
+        "learnable tokens are tool)",
+        choices=("parity", "corrected"),
     )
 
 

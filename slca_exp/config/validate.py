@@ -66,6 +66,8 @@ def problems_of(cfg: DictConfig) -> list[Problem]:
     for section, check in _CROSS_CHECKS.items():
         if section not in broken and section in cfg:
             problems.extend(check(cfg[section]))
+    if not broken & {"engine", "algorithm"} and "engine" in cfg and "algorithm" in cfg:
+        problems.extend(_check_minibatches(cfg))
     return problems
 
 
@@ -406,6 +408,26 @@ def _check_engine(engine: DictConfig) -> list[Problem]:
             )
         ]
     return []
+
+
+def _check_minibatches(cfg: DictConfig) -> list[Problem]:
+    """The local engine splits a step's rollouts into minibatches: it needs a rollout for each."""
+    engine = cfg.engine
+    if engine.name != "local" or not engine.rl.enabled:
+        return []
+    prompts, group = engine.rollout.prompts_per_step, cfg.algorithm.group_size
+    rollouts, wanted = prompts * group, engine.rl.minibatches
+    if wanted <= rollouts:
+        return []
+    return [
+        Problem(
+            "engine.rl.minibatches",
+            f"{wanted} minibatches cannot be filled from the {rollouts} rollouts of an RL step "
+            f"(engine.rollout.prompts_per_step={prompts} x algorithm.group_size={group})",
+            f"set engine.rl.minibatches to at most {rollouts}, or roll out more per step "
+            "(engine.rollout.prompts_per_step, algorithm.group_size)",
+        )
+    ]
 
 
 _CROSS_CHECKS = {

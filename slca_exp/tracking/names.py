@@ -21,7 +21,10 @@ PHASES: Final[tuple[str, ...]] = ("generate", "simulate", "reward", "advantage",
 PERF_STEP_S: Final = "perf/step_s"
 PERF_TOKENS_PER_S: Final = "perf/tokens_per_s"
 TRAIN_GRAD_COS: Final = "train/grad_cos"
+TRAIN_SKIPPED_STEPS: Final = "train/skipped_steps"
+SEGMENT_CUTOFF_FRAC: Final = "segment/cutoff_frac"
 SFT_LOSS: Final = "sft/loss"
+SFT_SKIPPED_BATCHES: Final = "sft/skipped_batches"
 VAL_SUCCESS: Final = "val/success@0.9"
 
 
@@ -95,6 +98,11 @@ def _catalogue() -> dict[str, str]:
             "(fewer than 2 present members, or identical scores)"
         )
         m[tokens_mean(seg)] = f"mean number of {seg} tokens over rollouts that have a {seg} segment"
+    m[SEGMENT_CUTOFF_FRAC] = (
+        "fraction of rollouts whose last assistant turn is a tool call no response followed (out "
+        "of turns or tokens, or malformed): under the parity mask rule that call is their "
+        "'summary', under corrected they have none (local engine)"
+    )
     m.update(
         {
             "judge/failures": "judge calls that failed after retries (their summary is absent)",
@@ -105,13 +113,21 @@ def _catalogue() -> dict[str, str]:
             "train/loss": "policy-gradient loss",
             "train/kl": "mean KL to the reference policy",
             "train/entropy": "mean token entropy of the policy",
-            "train/grad_norm": "gradient norm before clipping",
+            "train/grad_norm": "gradient norm before clipping, mean over the optimizer steps taken",
             "train/lr": "learning rate",
+            TRAIN_SKIPPED_STEPS: (
+                "optimizer steps of an RL step not taken because the gradient norm was NaN or "
+                "infinite"
+            ),
             TRAIN_GRAD_COS: (
                 "cosine between the policy gradients of the tool-token and summary-token losses "
                 "(diagnostic, engine.rl.grad_cos)"
             ),
             SFT_LOSS: "SFT cross-entropy on assistant tokens, last step",
+            SFT_SKIPPED_BATCHES: (
+                "SFT batches skipped for having no assistant token within engine.sft.max_len "
+                "(never stepped on; another batch is drawn)"
+            ),
             PERF_STEP_S: "wall-clock seconds per training step",
             PERF_TOKENS_PER_S: "response tokens processed per second",
             VAL_SUCCESS: "fraction of validation rows whose normalised total score is >= 0.9",
@@ -133,9 +149,14 @@ METRICS: Final[dict[str, str]] = _catalogue()
 """Every metric name -> its meaning. ``val/<name>`` is the same metric on the validation split."""
 
 ESTIMATOR_STATS: Final[tuple[str, ...]] = tuple(
-    name for name in METRICS if name.startswith(("adv/", "segment/"))
+    name
+    for name in METRICS
+    if name.startswith(("adv/", "segment/")) and name != SEGMENT_CUTOFF_FRAC
 )
-"""The names an estimator's ``stats`` dict carries, in a stable order."""
+"""The names an estimator's ``stats`` dict carries, in a stable order.
+
+:data:`SEGMENT_CUTOFF_FRAC` is not among them: the engine reads it off the rollouts' text.
+"""
 
 
 def glossary_markdown() -> str:

@@ -20,6 +20,7 @@ CASES = [
     (["judge.api_key_env=sk-live-1234"], "judge.api_key_env"),  # a key where a name belongs
     (["engine.name=warp"], "engine.name"),  # no such engine
     (["engine.rl.lr=0"], "engine.rl.lr"),
+    (["engine.rl.mask_rule=last"], "engine.rl.mask_rule"),
     (["tracking.backends=[mlflo]"], "tracking.backends[0]"),
     (["data=toucan"], "data.dir"),  # the paper's files, but no folder given
     (["+engine.rl.warmup=3"], "engine.rl.warmup"),  # a key the schema does not have

@@ -45,7 +45,7 @@ def runs(tmp_path):
 
 
 def test_a_few_steps_through_the_cli_leave_a_finished_recorded_run(tmp_path):
-    res = train(tmp_path, "engine.rl.steps=2")
+    res = train(tmp_path, "engine.rl.steps=2", "engine.rl.mask_rule=corrected")
     assert res.returncode == 0, res.stderr[-3000:]
     assert "validation (sft" in res.stderr and "validation (rl" in res.stderr
     assert "mlflow ui --backend-store-uri" in res.stderr
@@ -58,6 +58,8 @@ def test_a_few_steps_through_the_cli_leave_a_finished_recorded_run(tmp_path):
         "adv/tool/mean",
         "adv/summary/abs_mean",
         "segment/summary/present_frac",
+        "segment/cutoff_frac",
+        "val/segment/cutoff_frac",
         "train/loss",
         "perf/time/generate",
         "val/reward/tool/mean",
@@ -70,6 +72,7 @@ def test_a_few_steps_through_the_cli_leave_a_finished_recorded_run(tmp_path):
         Path(client.download_artifacts(run.info.run_id, "recipe.json", str(tmp_path))).read_text()
     )
     assert recipe["data"]["files"]["train"]["rows"] == 16
+    assert recipe["engine"]["rl"]["mask_rule"] == "corrected"
 
 
 def test_sigterm_checkpoints_marks_killed_and_the_same_command_resumes(tmp_path):
@@ -102,39 +105,16 @@ def test_sigterm_checkpoints_marks_killed_and_the_same_command_resumes(tmp_path)
     assert sorted(steps) == list(range(1, 41))  # every step once, continuous across the kill
 
 
-def test_rollout_masks_match_their_tokens(tmp_path):
-    from slca_exp.backbones import load_backbone
-    from slca_exp.backbones.chat import render_prompt, render_text, tool_turn_text
-    from slca_exp.config.schema import BackboneConfig, SFTConfig, SimulatorConfig, TinyArchConfig
-    from slca_exp.data.splits import load_split
-    from slca_exp.data.synthetic import generate
-    from slca_exp.engines.local import data_io
-    from slca_exp.engines.local.rollout import Roller, RolloutSettings, row_tools
-    from slca_exp.engines.local.sft import train_sft
-    from slca_exp.simulators import build_simulator
+def test_rollout_masks_match_their_tokens(tool_caller):
+    from slca_exp.backbones.hf import load_folder
+    from slca_exp.engines.local.rollout import RolloutSettings
+    from tests.engines.tool_caller import roller_for
 
-    files = generate(tmp_path / "data", rows=16, seed=0)
-    sft = load_split(files["sft"], "sft").rows
-    arch = TinyArchConfig(vocab_size=512, max_position_embeddings=1024)
-    texts = [render_text(json.loads(r["messages"]), row_tools(r)) for r in sft]
-    bb = load_backbone(
-        BackboneConfig(source="builtin", arch=arch),
-        corpus=lambda: texts,
-        cache_root=tmp_path / "cache",
-        seed=0,
-    )
-    # a short SFT so the policy writes tool calls and gets tool responses back
-    examples = data_io.sft_examples(bb.tokenizer, sft, 512)
-    train_sft(
-        bb.model,
-        examples,
-        SFTConfig(steps=120, batch_size=8, lr=5e-3),
-        seed=0,
-        pad_id=bb.tokenizer.pad_token_id,
-    )
-    roller = Roller(
-        bb.model, bb.tokenizer, build_simulator(SimulatorConfig()), render_prompt, tool_turn_text
-    )
+    # a short SFT (shared with the sampling tests) so the policy writes tool calls and gets tool
+    # responses back
+    bb = load_folder(tool_caller.folder, name="tool-caller", dtype="float32")
+    sft = tool_caller.rows
+    roller = roller_for(bb)
     torch.manual_seed(0)
     rolls = roller.run(sft[:8], 2, RolloutSettings(2, 64, 256))
     torch.manual_seed(0)

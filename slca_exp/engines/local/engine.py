@@ -1,7 +1,8 @@
 """The local engine: SFT then GRPO-family RL of a Hugging Face causal LM, on CPU or one GPU.
 
     load splits -> backbone (tokenizer + model) -> SFT (cached per recipe) -> validate
-    -> RL steps: rollouts -> HierR rewards -> penalty routing -> estimator -> clipped PG update
+    -> RL steps: rollouts -> HierR rewards -> penalty routing -> segments (engine.rl.mask_rule)
+       -> estimator -> clipped PG update
     -> validate -> checkpoint
 
 It runs the same code paths a cluster run does (verl's row layout, multi-turn rollouts with
@@ -16,6 +17,7 @@ import math
 import random
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,6 +36,7 @@ from slca_exp.engines.local.state import (
 )
 from slca_exp.engines.local.update import rl_update
 from slca_exp.estimators import EstimatorParams, get_estimator
+from slca_exp.estimators.segments import SegmentSplit, split_segments
 from slca_exp.rewards import HierRReward
 from slca_exp.tracking import names
 from slca_exp.tracking.base import RunKilled, signals_deferred
@@ -113,7 +116,12 @@ class _LocalRun:
         self.estimator = get_estimator(cfg.algorithm.name)
         self.params = EstimatorParams.from_config(cfg.algorithm)
         self.roller = Roller(
-            self.model, self.tok, self.simulator, data_io.render_prompt, data_io.tool_turn_text
+            self.model,
+            self.tok,
+            self.simulator,
+            data_io.render_prompt,
+            data_io.tool_turn_text,
+            stop_token_ids=self.backbone.stop_token_ids,
         )
         optimizer = torch.optim.AdamW(self.model.parameters(), lr=self.engine.rl.lr)
         try:
@@ -159,6 +167,7 @@ class _LocalRun:
             return
         examples = data_io.sft_examples(self.tok, split.rows, sft.max_len)
         bar = _Progress(sft.steps, "sft", self.engine.progress)
+        skipped: list[int] = []  # the SFT step each label-less batch was drawn for
         losses = train_sft(
             self.model,
             examples,
@@ -166,9 +175,12 @@ class _LocalRun:
             seed=self.cfg.seed,
             pad_id=self.roller.pad_id,
             on_step=lambda step, loss: bar.update({"loss": loss}),
+            on_skip=lambda step, _: skipped.append(step),
         )
         bar.close()
-        self.tracker.log_metrics({"sft/loss": losses[-1]}, 0)
+        self.tracker.log_metrics(
+            {names.SFT_LOSS: losses[-1], names.SFT_SKIPPED_BATCHES: float(len(skipped))}, 0
+        )
         save_weights(self.model, self.tok, cached)
 
     def _rl(self, optimizer: torch.optim.Optimizer) -> dict[str, float]:
@@ -201,9 +213,9 @@ class _LocalRun:
             scored = self.reward.score(rolls.texts, _truths(rolls), self.judge)
             t2 = time.perf_counter()
             packed = rolls.batch(self.roller.pad_id, self.device)
-            adv = self.estimator(
-                packed.response_mask.cpu(), rolls.group, scored.scores, self.params
-            )
+            cut_off = rolls.ends_on_tool_call()
+            split = segments(packed.response_mask.cpu(), cut_off, rl.mask_rule)
+            adv = self.estimator(split, rolls.group, scored.scores, self.params)
             t3 = time.perf_counter()
             # From the update to the checkpoint a step is all or nothing: SIGTERM or SLURM's
             # preemption signal waits until the step is recorded, so a resumed run neither
@@ -216,6 +228,7 @@ class _LocalRun:
                 self.model.eval()
                 t4 = time.perf_counter()
                 metrics = {**scored.stats, **adv.stats, **train_stats, **_service_stats(rolls)}
+                metrics[names.SEGMENT_CUTOFF_FRAC] = _fraction(cut_off)
                 metrics[names.PERF_STEP_S] = t4 - t0
                 metrics[names.PERF_TOKENS_PER_S] = sum(map(len, rolls.response_ids)) / max(
                     t4 - t0, 1e-9
@@ -258,16 +271,53 @@ class _LocalRun:
         success = hits / max(len(totals), 1)
         metrics = {f"val/{k}": v for k, v in scored.stats.items()}
         metrics[names.VAL_SUCCESS] = success
+        metrics[f"val/{names.SEGMENT_CUTOFF_FRAC}"] = _fraction(rolls.ends_on_tool_call())
         self.tracker.log_metrics(metrics, step)
         self.state.val[label] = metrics
         self.state.save(self.folder)
         print(
             f"slca-exp: validation ({label}, {len(rows)} prompts): tool reward "
             f"{metrics['val/reward/tool/mean']:.3f}, summary reward "
-            f"{metrics['val/reward/summary/mean']:.3f}, success@0.9 {success:.3f}",
+            f"{metrics['val/reward/summary/mean']:.3f}, success@0.9 {success:.3f}, ended on "
+            f"a tool call {metrics[f'val/{names.SEGMENT_CUTOFF_FRAC}']:.3f}",
             file=sys.stderr,
         )
         return metrics
+
+
+def segments(
+    response_mask: torch.Tensor, ends_on_tool_call: Sequence[bool], rule: str
+) -> SegmentSplit:
+    """The tool and summary segments of a batch under ``engine.rl.mask_rule``.
+
+    ``parity`` (the paper's rule): the last learnable run of each rollout is its summary, even
+    when it is a tool call the turn or token budget cut off. ``corrected``: a rollout that ends
+    on a tool call has no summary segment; all its learnable tokens are tool, and its summary
+    score takes no part in its group's normalisation. The rule moves tokens between the
+    segments only; the scores are the reward's either way.
+
+    Args:
+        response_mask: (B, T) 1 on learnable response tokens.
+        ends_on_tool_call: (B,) per rollout, whether it ends on an unanswered tool call
+            (``Rollouts.ends_on_tool_call``).
+        rule: ``parity`` | ``corrected``.
+
+    Raises:
+        ValueError: an unknown rule, or not one flag per rollout.
+
+    """
+    split = split_segments(response_mask)
+    if rule == "parity":
+        return split
+    if rule != "corrected":
+        raise ValueError(
+            f"engine.rl.mask_rule={rule!r} is not a mask rule; use parity or corrected"
+        )
+    return split.without_summary(torch.tensor(list(ends_on_tool_call), dtype=torch.bool))
+
+
+def _fraction(flags: Sequence[bool]) -> float:
+    return sum(map(bool, flags)) / max(len(flags), 1)
 
 
 def _truths(rolls: Rollouts) -> list[Any]:

@@ -9,6 +9,9 @@ every sample still running, with the KV cache of ``generate`` inside each turn.
 
 The response of a sample is everything after its prompt: that is what verl calls ``responses``,
 and its mask is what the estimators split into a tool and a summary segment.
+
+Sampling uses one generation configuration built from the recipe alone (``sampling.py``), so
+the tokens are drawn from the distribution the update scores them under.
 """
 
 from __future__ import annotations
@@ -21,7 +24,9 @@ from typing import Any
 
 import torch
 
-from slca_exp.rewards.toolcalls import parse_tool_calls
+from slca_exp.backbones.hf import stop_token_ids_of
+from slca_exp.engines.local.sampling import generating_with, generation_config
+from slca_exp.rewards.toolcalls import ends_on_tool_call, parse_tool_calls
 from slca_exp.simulators.base import SimContext, SimRequest, ToolResponse
 
 
@@ -40,6 +45,8 @@ class Rollouts:
         truncated: per sample, whether the budget or the turn cap cut it short.
         tool_results: every simulator response of the batch.
         timings: seconds spent generating and simulating.
+        logprobs: per sample and response token, the log-probability the sampler drew it with
+            (NaN on injected tokens); only with ``RolloutSettings.logprobs``, else None.
 
     """
 
@@ -53,9 +60,19 @@ class Rollouts:
     truncated: list[bool]
     tool_results: list[ToolResponse] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
+    logprobs: list[list[float]] | None = None
 
     def __len__(self) -> int:
         return len(self.texts)
+
+    def ends_on_tool_call(self) -> list[bool]:
+        """Per sample, whether its last assistant turn is a tool call that no response followed.
+
+        Out of turns, out of tokens inside the call, or a call the parser could not read: such a
+        rollout was cut off before its summary. The text is read the way the reward reads it
+        (``slca_exp.rewards.toolcalls.ends_on_tool_call``), as the verl engine does.
+        """
+        return [ends_on_tool_call(text) for text in self.texts]
 
     def batch(self, pad_id: int, device: torch.device | str = "cpu") -> PackedBatch:
         """Prompts left-padded and responses right-padded, so every response starts at column P."""
@@ -111,13 +128,26 @@ def pack(
 
 @dataclass
 class RolloutSettings:
-    """The knobs of one rollout batch (``engine.rollout`` plus sampling mode)."""
+    """The knobs of one rollout batch (``engine.rollout`` plus sampling mode).
+
+    Attributes:
+        max_turns: assistant turns that may call tools before the last one.
+        max_turn_tokens: tokens one assistant turn may generate.
+        max_response_tokens: the response budget, generated and injected tokens together.
+        temperature: sampling temperature (the scorer divides the logits by the same).
+        greedy: argmax decoding instead of sampling (validation).
+        logprobs: keep the sampler's log-probability of every generated token
+            (``Rollouts.logprobs``); a check, it holds every step's (B, V) scores while a turn is
+            generated.
+
+    """
 
     max_turns: int
     max_turn_tokens: int
     max_response_tokens: int
     temperature: float = 1.0
     greedy: bool = False
+    logprobs: bool = False
 
 
 class Roller:
@@ -131,6 +161,8 @@ class Roller:
             prompt appended (``slca_exp.backbones.chat.render_prompt``).
         tool_turn_text: ``(responses) -> str``, the glue and tool responses between two
             assistant turns (``slca_exp.backbones.chat.tool_turn_text``).
+        stop_token_ids: the tokens that end an assistant turn (``Backbone.stop_token_ids``);
+            empty: ``<|im_end|>`` and the tokenizer's eos token.
 
     """
 
@@ -141,14 +173,16 @@ class Roller:
         simulator: Any,  # noqa: ANN401
         render_prompt: Any,  # noqa: ANN401
         tool_turn_text: Any,  # noqa: ANN401
+        stop_token_ids: Sequence[int] = (),
     ) -> None:
         self.model = model
         self.tok = tokenizer
         self.simulator = simulator
         self.render_prompt = render_prompt
         self.tool_turn_text = tool_turn_text
-        self.eos_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
-        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_id
+        self.stop_ids = tuple(stop_token_ids) or stop_token_ids_of(tokenizer)
+        pad = tokenizer.pad_token_id
+        self.pad_id = pad if pad is not None else self.stop_ids[0]
 
     def prompt_ids(self, row: dict[str, Any]) -> list[int]:
         """Token ids of a row's prompt (system + user, tools listed, generation prompt)."""
@@ -168,6 +202,7 @@ class Roller:
         context = [list(p) for p in prompts]
         response: list[list[int]] = [[] for _ in range(n)]
         mask: list[list[int]] = [[] for _ in range(n)]
+        logprobs: list[list[float]] = [[] for _ in range(n)]
         turns = [0] * n
         truncated = [False] * n
         results: list[ToolResponse] = []
@@ -182,12 +217,13 @@ class Roller:
             )
             timings["generate"] += time.perf_counter() - t0
             calls_of: dict[int, list] = {}
-            for i, budget, tokens in zip(active, budgets, generated, strict=True):
-                ended = bool(tokens) and tokens[-1] == self.eos_id
+            for i, budget, (tokens, logps) in zip(active, budgets, generated, strict=True):
+                ended = bool(tokens) and tokens[-1] in self.stop_ids
                 if len(tokens) > budget:
-                    tokens, ended = tokens[:budget], False
+                    tokens, logps, ended = tokens[:budget], logps[:budget], False
                 response[i] += tokens
                 mask[i] += [1] * len(tokens)
+                logprobs[i] += logps
                 context[i] += tokens
                 turns[i] += 1
                 if not ended:
@@ -213,6 +249,7 @@ class Roller:
                     continue
                 response[i] += glue
                 mask[i] += [0] * len(glue)
+                logprobs[i] += [float("nan")] * len(glue)
                 context[i] += glue
                 active.append(i)
         texts = [self.tok.decode(r) for r in response]
@@ -228,12 +265,17 @@ class Roller:
             truncated,
             results,
             timings,
+            logprobs if settings.logprobs else None,
         )
 
     def _generate(
         self, contexts: list[list[int]], max_new: int, settings: RolloutSettings
-    ) -> list[list[int]]:
-        """One assistant turn for each context; tokens up to and including end-of-turn."""
+    ) -> list[tuple[list[int], list[float]]]:
+        """One assistant turn per context: its tokens up to and including the first stop token.
+
+        Each comes with the sampler's log-probs of those tokens (empty unless
+        ``settings.logprobs``).
+        """
         device = next(self.model.parameters()).device
         width = max(len(c) for c in contexts)
         ids = torch.full((len(contexts), width), self.pad_id, dtype=torch.long)
@@ -241,26 +283,33 @@ class Roller:
         for j, c in enumerate(contexts):
             ids[j, width - len(c) :] = torch.tensor(c, dtype=torch.long)
             attn[j, width - len(c) :] = 1
-        kwargs: dict[str, Any] = {"do_sample": False}
-        if not settings.greedy:
-            kwargs = {
-                "do_sample": True,
-                "temperature": settings.temperature,
-                "top_k": 0,
-                "top_p": 1.0,
-            }
-        out = self.model.generate(
-            input_ids=ids.to(device),
-            attention_mask=attn.to(device),
+        config = generation_config(
+            temperature=settings.temperature,
+            greedy=settings.greedy,
             max_new_tokens=max_new,
-            eos_token_id=self.eos_id,
-            pad_token_id=self.pad_id,
-            **kwargs,
-        )[:, width:].tolist()
+            stop_ids=self.stop_ids,
+            pad_id=self.pad_id,
+            scores=settings.logprobs,
+        )
+        with generating_with(self.model, config):
+            out = self.model.generate(
+                input_ids=ids.to(device), attention_mask=attn.to(device), generation_config=config
+            )
+        sequences = out.sequences if settings.logprobs else out
+        new = sequences[:, width:]
+        logps = [[] for _ in contexts]
+        if settings.logprobs:
+            # scores[k]: the (B, V) logits step k sampled from, after every logits processor
+            picked = [
+                torch.log_softmax(step.float(), dim=-1).gather(1, new[:, k, None]).squeeze(1)
+                for k, step in enumerate(out.scores)
+            ]
+            logps = torch.stack(picked, dim=1).tolist()
         result = []
-        for tokens in out:
-            cut = tokens.index(self.eos_id) + 1 if self.eos_id in tokens else len(tokens)
-            result.append(tokens[:cut])
+        stops = set(self.stop_ids)
+        for tokens, lp in zip(new.tolist(), logps, strict=True):
+            cut = next((k + 1 for k, t in enumerate(tokens) if t in stops), len(tokens))
+            result.append((tokens[:cut], lp[:cut]))
         return result
 
     def _simulate(

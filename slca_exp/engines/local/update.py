@@ -1,6 +1,14 @@
-"""One RL update of the local engine: old log-probs, then epochs x minibatches of clipped PG."""
+"""One RL update of the local engine: old log-probs, then epochs x minibatches of clipped PG.
+
+As verl's actor: every pass shuffles the rollouts into ``engine.rl.minibatches`` shares and takes
+one optimizer step per share, the loss a token-mean over that share (``policy.pg_loss``). A step
+whose gradient norm is NaN or infinite is not taken: its gradients are dropped, the optimizer
+state is left as it was, and the step is counted in ``train/skipped_steps``.
+"""
 
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -41,38 +49,63 @@ def rl_update(
         )
     b = batch.input_ids.shape[0]
     losses, kls, entropies, norms = [], [], [], []
+    skipped = 0
     for _ in range(cfg.epochs):
-        order = torch.randperm(b)
-        for chunk in order.chunk(cfg.minibatches):
-            sub = _select(batch, chunk)
+        for rows in minibatch_rows(b, cfg.minibatches):
+            sub = _select(batch, rows)
             logp, entropy = response_logprobs(model, sub, temperature, entropy=True)
             parts = pg_loss(
                 logp,
-                old_logp[chunk],
-                advantages[chunk],
-                mask[chunk],
+                old_logp[rows],
+                advantages[rows],
+                mask[rows],
                 clip_ratio=cfg.clip_ratio,
-                ref_logp=None if ref_logp is None else ref_logp[chunk],
+                clip_ratio_c=cfg.clip_ratio_c,
+                ref_logp=None if ref_logp is None else ref_logp[rows],
                 kl_coef=cfg.kl_coef,
             )
             optimizer.zero_grad(set_to_none=True)
             parts.loss.backward()
-            norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)))
-            optimizer.step()
+            norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip))
+            if math.isfinite(norm):
+                optimizer.step()
+                norms.append(norm)
+            else:  # a NaN or infinite gradient would corrupt the weights and Adam's moments
+                optimizer.zero_grad(set_to_none=True)
+                skipped += 1
             losses.append(float(parts.loss.detach()))
             kls.append(parts.kl)
             assert entropy is not None
-            entropies.append(float(masked_mean(entropy.detach(), mask[chunk])))
+            entropies.append(float(masked_mean(entropy.detach(), mask[rows])))
     stats.update(
         {
             "train/loss": sum(losses) / len(losses),
             "train/kl": sum(kls) / len(kls),
             "train/entropy": sum(entropies) / len(entropies),
-            "train/grad_norm": sum(norms) / len(norms),
+            "train/grad_norm": sum(norms) / len(norms) if norms else math.nan,
             "train/lr": optimizer.param_groups[0]["lr"],
+            names.TRAIN_SKIPPED_STEPS: float(skipped),
         }
     )
     return stats
+
+
+def minibatch_rows(b: int, minibatches: int) -> list[torch.Tensor]:
+    """Rows ``0..b-1`` shuffled and split into exactly ``minibatches`` shares.
+
+    Share sizes differ by at most 1 (``torch.chunk`` would give fewer shares: 6 rows in 4 chunks
+    of 2 make 3). The shuffle draws from torch's global generator.
+
+    Raises:
+        ValueError: fewer rows than shares (or no share).
+
+    """
+    if not 1 <= minibatches <= b:
+        raise ValueError(
+            f"engine.rl.minibatches={minibatches} cannot split a step's {b} rollouts into "
+            f"non-empty minibatches; set engine.rl.minibatches to a number from 1 to {b}"
+        )
+    return list(torch.tensor_split(torch.randperm(b), minibatches))
 
 
 def _select(batch: PackedBatch, rows: torch.Tensor) -> PackedBatch:
@@ -105,7 +138,14 @@ def _grad_cos(
             return float("nan")
         model.zero_grad(set_to_none=True)
         logp, _ = response_logprobs(model, batch, temperature)
-        pg_loss(logp, old_logp, advantages, seg, clip_ratio=cfg.clip_ratio).loss.backward()
+        pg_loss(
+            logp,
+            old_logp,
+            advantages,
+            seg,
+            clip_ratio=cfg.clip_ratio,
+            clip_ratio_c=cfg.clip_ratio_c,
+        ).loss.backward()
         grads.append(flat_grad(model))
     model.zero_grad(set_to_none=True)
     cos = torch.nn.functional.cosine_similarity(grads[0], grads[1], dim=0)

@@ -1,0 +1,82 @@
+"""A tiny backbone that has learnt to call tools (a short SFT), and helpers around its rollouts."""
+
+import json
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from slca_exp.backbones import load_backbone
+from slca_exp.backbones.chat import render_prompt, render_text, tool_turn_text
+from slca_exp.config.schema import BackboneConfig, SFTConfig, SimulatorConfig, TinyArchConfig
+from slca_exp.data.splits import load_split
+from slca_exp.data.synthetic import generate
+from slca_exp.engines.local import data_io
+from slca_exp.engines.local.rollout import Roller, row_tools
+from slca_exp.engines.local.sft import train_sft
+from slca_exp.simulators import build_simulator
+
+
+@dataclass(frozen=True)
+class ToolCaller:
+    """A saved checkpoint folder of a tiny model fine-tuned on gold tool-calling trajectories.
+
+    Attributes:
+        folder: the HF checkpoint (weights, tokenizer, chat template, generation config).
+        rows: the synthetic rows it was fine-tuned on (RL layout plus gold ``messages``).
+
+    """
+
+    folder: Path
+    rows: list[dict]
+
+
+def build_tool_caller(root: Path) -> ToolCaller:
+    """80 SFT steps: enough for a policy that writes tool calls, gets answers, sometimes sums up."""
+    files = generate(root / "data", rows=16, seed=0)
+    rows = load_split(files["sft"], "sft").rows
+    texts = [render_text(json.loads(r["messages"]), row_tools(r)) for r in rows]
+    arch = TinyArchConfig(vocab_size=512, max_position_embeddings=1024)
+    backbone = load_backbone(
+        BackboneConfig(source="builtin", arch=arch),
+        corpus=lambda: texts,
+        cache_root=root / "cache",
+        seed=0,
+    )
+    examples = data_io.sft_examples(backbone.tokenizer, rows, 512)
+    sft = SFTConfig(steps=80, batch_size=8, lr=5e-3)
+    train_sft(backbone.model, examples, sft, seed=0, pad_id=backbone.tokenizer.pad_token_id)
+    folder = root / "sft"
+    backbone.model.save_pretrained(folder)
+    backbone.tokenizer.save_pretrained(folder)
+    return ToolCaller(folder, rows)
+
+
+def roller_for(backbone):
+    """The local engine's roller over a loaded backbone (its stop tokens, the replay simulator)."""
+    return Roller(
+        backbone.model,
+        backbone.tokenizer,
+        build_simulator(SimulatorConfig()),
+        render_prompt,
+        tool_turn_text,
+        stop_token_ids=backbone.stop_token_ids,
+    )
+
+
+def with_generation_config(source: Path, target: Path, **settings) -> Path:
+    """A copy of checkpoint ``source`` whose ``generation_config.json`` also sets ``settings``."""
+    shutil.copytree(source, target)
+    path = target / "generation_config.json"
+    config = json.loads(path.read_text()) if path.is_file() else {}
+    path.write_text(json.dumps({**config, **settings}))
+    return target
+
+
+def sampler_logprobs(rolls, width):
+    """(B, width) float32 of ``Rollouts.logprobs``, NaN past each response."""
+    out = torch.full((len(rolls), width), float("nan"))
+    for i, logps in enumerate(rolls.logprobs):
+        out[i, : len(logps)] = torch.tensor(logps)
+    return out
