@@ -6,15 +6,22 @@ runs the same code paths on CPU, smaller):
 1. Estimators on the device, side by side in this process, on verl-shaped batches (0-4 tool
    turns with injected responses, then a summary; B x T x group): our ``slca_grpo`` and
    ``grpo``, verl's ``compute_grpo_outcome_advantage`` and its vectorised variant, and our
-   ``slca_grpo`` through verl's own ``compute_advantage`` (the plugin's registered estimator).
-   Our ``grpo`` must equal verl's on the device before anything is timed. Median milliseconds
-   per call (CUDA synchronised), and the ratio to verl's GRPO.
+   ``slca_grpo`` through verl's own ``compute_advantage`` (the plugin's registered estimator, on
+   rewards laid out as our reward side writes them: R_tool on the last tool token, R_sum on the
+   last summary token). Our ``grpo`` must equal verl's on the device before anything is timed.
+   Median milliseconds per call (CUDA synchronised), the ratio to verl's GRPO, and for each size
+   the ratio of ``slca_grpo`` through verl to verl's vectorised GRPO (the target: at most 2x).
+   On CPU the (B, T) outputs cost page faults or not depending on what glibc does with freed
+   memory, which varies from run to run; ``--allocator both`` (the default there) times the
+   table as the process finds the allocator, then again in a child process with glibc's mmap
+   and trim thresholds pinned high (freed memory is reused: the kernels alone, the steady state
+   of a long training process).
 2. The local engine (``slca-exp train``, its CLI) with a random-init backbone larger than the
    tiny default on ``engine.device``: the per-phase time of an RL step read back from the run's
    MLflow metrics (``perf/time/*``, ``perf/step_s``), and the estimator's share of the step.
 
     python benchmarks/gpu_check.py [--device cuda] [--sizes 1024x4096x16,4096x4096x16]
-        [--hidden 1024 --layers 8 --steps 6] [--skip-engine]
+        [--hidden 1024 --layers 8 --steps 6] [--skip-engine] [--allocator both|default|pinned]
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ import torch  # noqa: E402
 
 from benchmarks.estimators import make_batch  # noqa: E402
 from slca_exp.estimators import grpo_advantages, slca_grpo_advantages  # noqa: E402
+from slca_exp.estimators.segments import split_segments  # noqa: E402
 
 PHASES = ("generate", "simulate", "reward", "advantage", "update")
 
@@ -54,17 +62,31 @@ def timed(fn: Callable[[], object], device: torch.device, rounds: int) -> float:
     return statistics.median(times)
 
 
-def estimators(device: torch.device, sizes: list[tuple[int, int, int]], rounds: int) -> None:
+def estimators(
+    device: torch.device, sizes: list[tuple[int, int, int]], rounds: int, allocator: str
+) -> None:
     import slca_exp.engines.verl.plugin  # noqa: F401 - registers slca_grpo in verl
 
-    print(f"estimators on {device} (median ms per call, {rounds} rounds)")
+    where = f", allocator {allocator}" if allocator else ""
+    print(f"estimators on {device} (median ms per call, {rounds} rounds{where})")
     print(f"{'B x T x group':<18} {'competitor':<22} {'ms':>9} {'vs verl grpo':>13}")
+    ratios = []
     for batch, length, group in sizes:
         results = one_size(device, batch, length, group, rounds)
         base = results["verl grpo"]
+        size = f"{batch}x{length}x{group}"
         for name, seconds in results.items():
-            size = f"{batch}x{length}x{group}"
             print(f"{size:<18} {name:<22} {seconds * 1e3:>9.2f} {seconds / base:>12.2f}x")
+        ratio = results[THROUGH_VERL] / results[VERL_VECTORISED]
+        ratios.append(f"{size}: {ratio:.2f}x")
+    print(
+        f"{THROUGH_VERL} / {VERL_VECTORISED} (target <= 2x): " + ", ".join(ratios),
+        flush=True,
+    )
+
+
+THROUGH_VERL = "slca_grpo via verl"
+VERL_VECTORISED = "verl grpo (vectorised)"
 
 
 def one_size(device: torch.device, batch: int, length: int, group: int, rounds: int) -> dict:
@@ -77,6 +99,7 @@ def one_size(device: torch.device, batch: int, length: int, group: int, rounds: 
     d = make_batch(batch, length, group)
     mask, rewards = d["mask"].to(device), d["rewards"].to(device)
     tool, summary, total = (d[k].to(device) for k in ("tool", "summary", "total"))
+    segment_rewards = placed(d["mask"], d["tool"], d["summary"]).to(device)
     index = d["index"]
     ours = grpo_advantages(mask, index, total, eps=1e-6).advantages
     verl_adv, _ = core_algos.compute_grpo_outcome_advantage(rewards, mask, index, epsilon=1e-6)
@@ -84,20 +107,34 @@ def one_size(device: torch.device, batch: int, length: int, group: int, rounds: 
     algo = OmegaConf.create({"adv_estimator": "slca_grpo", "norm_adv_by_std_in_grpo": True})
 
     def through_verl() -> object:
-        data = DataProto.from_dict(tensors={"token_level_rewards": rewards, "response_mask": mask})
+        tensors = {"token_level_rewards": segment_rewards, "response_mask": mask}
+        data = DataProto.from_dict(tensors=tensors)
         data.non_tensor_batch["uid"] = index
         return compute_advantage(data, adv_estimator="slca_grpo", config=algo)
 
     fns = {
         "verl grpo": lambda: core_algos.compute_grpo_outcome_advantage(rewards, mask, index),
-        "verl grpo (vectorised)": lambda: core_algos.compute_grpo_vectorized_outcome_advantage(
+        VERL_VECTORISED: lambda: core_algos.compute_grpo_vectorized_outcome_advantage(
             rewards, mask, index
         ),
         "ours grpo": lambda: grpo_advantages(mask, index, total),
         "ours slca_grpo": lambda: slca_grpo_advantages(mask, index, tool, summary),
-        "slca_grpo via verl": through_verl,
+        THROUGH_VERL: through_verl,
     }
     return {name: timed(fn, device, rounds) for name, fn in fns.items()}
+
+
+def placed(mask: torch.Tensor, tool: torch.Tensor, summary: torch.Tensor) -> torch.Tensor:
+    """(B, T) rewards as our reward side writes them: R_tool and R_sum at their segments' ends."""
+    split = split_segments(mask)
+    rewards = torch.zeros(mask.shape)
+    rows = torch.arange(mask.shape[0])
+    last = split.summary_start + split.summary_len - 1
+    rewards[rows[split.has_summary], last[split.has_summary]] = summary[split.has_summary]
+    tool_mask = split.tool_mask
+    last_tool = mask.shape[1] - 1 - tool_mask.flip(1).to(torch.uint8).argmax(dim=1)
+    rewards[rows[split.has_tool], last_tool[split.has_tool]] = tool[split.has_tool]
+    return rewards
 
 
 def engine(device: str, hidden: int, layers: int, steps: int, group: int) -> None:
@@ -147,6 +184,10 @@ def engine(device: str, hidden: int, layers: int, steps: int, group: int) -> Non
         print(f"response tokens/s: {mean('perf/tokens_per_s'):,.0f}")
 
 
+PINNED_MALLOC = {"MALLOC_MMAP_THRESHOLD_": str(2**30), "MALLOC_TRIM_THRESHOLD_": str(2**31)}
+"""glibc's thresholds pinned high: freed (B, T) outputs are reused, not handed back."""
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -157,12 +198,30 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--group", type=int, default=8)
     parser.add_argument("--skip-engine", action="store_true")
+    parser.add_argument(
+        "--allocator",
+        choices=("both", "default", "pinned"),
+        default="both",
+        help="CPU only: default: as found; pinned: glibc thresholds pinned (a child process)",
+    )
     args = parser.parse_args()
     device = torch.device(args.device)
     if device.type == "cuda":
         print(f"device: {torch.cuda.get_device_name(device)}")
     sizes = [tuple(int(x) for x in s.split("x")) for s in args.sizes.split(",")]
-    estimators(device, sizes, args.rounds)
+    if device.type != "cpu":
+        estimators(device, sizes, args.rounds, "")
+    elif all(os.environ.get(k) == v for k, v in PINNED_MALLOC.items()):
+        estimators(device, sizes, args.rounds, "pinned")
+    else:
+        if args.allocator != "pinned":
+            estimators(device, sizes, args.rounds, "as found")
+        if args.allocator != "default":
+            # glibc reads these at process start: time the pinned table in a child process.
+            cmd = [sys.executable, __file__, "--device", "cpu", "--sizes", args.sizes]
+            cmd += ["--rounds", str(args.rounds), "--allocator", "pinned", "--skip-engine"]
+            print(flush=True)
+            subprocess.run(cmd, env={**os.environ, **PINNED_MALLOC}, check=True)
     if not args.skip_engine:
         engine(args.device, args.hidden, args.layers, args.steps, args.group)
     return 0

@@ -7,8 +7,9 @@ of all earlier runs is the tool segment. A rollout with a single run has only a 
 no run has neither.
 
 Everything is vectorised over the batch. The only per-row quantities needed are the start of the
-last run and the first and last learnable tokens: the summary is the run between that start and
-the last token, the tool segment every learnable token before it. The "last set position"
+last run, the last learnable token and the number of learnable tokens: the summary is the run
+between that start and the last token, the tool segment every learnable token before it (a
+rollout has one when it has more learnable tokens than its summary). The "last set position"
 reductions run on the bool masks viewed as 64-bit words (8 tokens per word), so they allocate
 only (B, T/8) temporaries: at B=1024, T=4096 the estimator is bound by memory traffic.
 """
@@ -170,7 +171,7 @@ def _set_index(bits: torch.Tensor, nonzero: torch.Tensor | None, *, last: bool) 
         return torch.where(bits.any(dim=1), first, -1)
     words = bits.view(torch.int64)
     if nonzero is None:
-        nonzero = words != 0
+        nonzero = words.bool()  # a cast: several times faster than `words != 0`
     n = words.shape[1]
     dtype = _index_dtype(n)
     if last:  # the largest position among non-zero words
@@ -193,13 +194,13 @@ def _index_dtype(n: int) -> torch.dtype:
     return torch.int16 if n <= torch.iinfo(torch.int16).max else torch.int32
 
 
-def count_set(bits: torch.Tensor) -> torch.Tensor:
-    """() int64 number of True in a word-aligned (B, Tp) bool, 8 tokens per multiply."""
+def row_counts(bits: torch.Tensor) -> torch.Tensor:
+    """(B,) int64 number of True in each row of a word-aligned (B, Tp) bool, 8 per multiply."""
     if sys.byteorder != "little":
-        return torch.count_nonzero(bits)
+        return torch.count_nonzero(bits, dim=1)
     words = bits.view(torch.int64)
     # Wrapping int64 multiply: the top byte collects the byte sum, nothing carries into it.
-    return (words * _BYTE_SUM).bitwise_right_shift_(56).sum()
+    return (words * _BYTE_SUM).bitwise_right_shift_(56).sum(dim=1)
 
 
 def suffix_masks(start: torch.Tensor, length: int) -> torch.Tensor:
@@ -243,17 +244,20 @@ def split_segments(response_mask: torch.Tensor | SegmentSplit) -> SegmentSplit:
     starts[:, :1] = mask[:, :1]
     torch.gt(mask[:, 1:], mask[:, :-1], out=starts[:, 1:])
     last_start = last_set_index(starts)
-    nonzero = mask.view(torch.int64) != 0
-    last_one = last_set_index(mask, nonzero)
-    first_one = first_set_index(mask, nonzero)
-    ones = count_set(mask)  # on the word-aligned mask, before trimming the padding
+    del starts  # freed before the next allocations: a smaller peak, fewer fresh pages
+    last_one = last_set_index(mask)
+    ones = row_counts(mask)  # on the word-aligned mask, before trimming the padding
 
-    # The summary is the last run, so its length follows from its two ends; the tool tokens are
-    # the rest (counted for the whole batch: no per-row (B, T) reduction is needed).
+    # The summary is the last run, so its length follows from its two ends; a rollout has a tool
+    # segment when it has learnable tokens outside that run.
     summary_len = torch.where(last_one >= 0, last_one - last_start + 1, 0)
-    has_tool = (first_one >= 0) & (first_one < last_start)
+    has_tool = ones > summary_len
     return SegmentSplit(
-        mask[:, :length], last_start.clamp_min(0), summary_len, has_tool, ones - summary_len.sum()
+        mask[:, :length],
+        last_start.clamp_min(0),
+        summary_len,
+        has_tool,
+        ones.sum() - summary_len.sum(),
     )
 
 

@@ -14,7 +14,9 @@ The estimator is ``algorithm.adv_estimator = algorithm.name`` (``grpo`` is verl'
 every Ray worker imports through ``VERL_USE_EXTERNAL_MODULES`` in
 ``ray_kwargs.ray_init.runtime_env.env_vars``). Our estimator hyper-parameters travel under
 ``algorithm.slca``: verl 0.9.1 hands the ``algorithm`` DictConfig to the estimator as it is and
-never converts it to its ``AlgoConfig`` dataclass, so the extra mapping is safe.
+never converts it to its ``AlgoConfig`` dataclass, so the extra mapping is safe. The agent loop
+follows the estimator (:func:`agent_loop`): ours for ours (R_tool and R_sum at their segments'
+ends), verl's own for ``grpo`` (the reward side's weighted total on the last token).
 
 Composing needs only verl's YAML files (verl is found, not imported); checking
 (:mod:`slca_exp.engines.verl.checks`) imports verl.
@@ -53,6 +55,8 @@ TOOLS_FILE = "tools.yaml"
 AGENT_LOOPS_FILE = "agent_loops.yaml"
 DATA_DIR = "data"
 """``<run folder>/verl/data``: the splits as verl reads them (``extra_info.tools_kwargs`` added)."""
+VERL_AGENT_LOOP = "tool_agent"
+"""verl's own multi-turn tool agent loop (the one verl's own estimators get)."""
 OUR_KEY = "slca_exp"
 """Top-level section with our reward, judge and simulator configs (read by the reward manager)."""
 
@@ -100,6 +104,7 @@ SOURCES: dict[str, str] = {
     "data.val_files": "data.files.val (its copy with tools_kwargs)",
     "data.seed": "data.seed",
     "algorithm.adv_estimator": "algorithm.name",
+    _ROLLOUT + "agent.default_agent_loop": "algorithm.name (the loop its scores need)",
     "algorithm.norm_adv_by_std_in_grpo": "algorithm.norm_by_std",
     PARAMS_KEY: "algorithm.* and engine.verl.mask_rule",
     PARAMS_KEY + ".mask_rule": "engine.verl.mask_rule",
@@ -113,9 +118,6 @@ FIXED: dict[str, Any] = {
     _ROLLOUT + "name": "vllm",
     _TURNS + "enable": True,
     _TURNS + "format": "hermes",
-    # verl's tool agent loop, whose output carries R_tool and R_sum at their segments' ends
-    # (listed in the agent-loop config written next to this one: AGENT_LOOPS_FILE)
-    _ROLLOUT + "agent.default_agent_loop": "slca_tool_agent",
     # HierR + the judge, per trajectory (slca_exp/engines/verl/rewards.py)
     "reward.reward_manager.source": "importlib",
     "reward.reward_manager.name": "SLCARewardManager",
@@ -227,6 +229,7 @@ def verl_values(config: RunConfig, recipe: Recipe | None = None) -> dict[str, An
             "data.val_files": str(folder / DATA_DIR / "val.parquet") if val else None,
             "data.seed": config.data.seed,
             "algorithm.adv_estimator": config.algorithm.name,  # grpo: verl's; ours: the plugin
+            _ROLLOUT + "agent.default_agent_loop": agent_loop(config.algorithm.name),
             "algorithm.norm_adv_by_std_in_grpo": config.algorithm.norm_by_std,
             PARAMS_KEY: {**estimator_params(config), "mask_rule": v.mask_rule},
             "trainer.logger": list(config.tracking.backends),  # verl has the same three names
@@ -238,6 +241,21 @@ def verl_values(config: RunConfig, recipe: Recipe | None = None) -> dict[str, An
         }
     )
     return values
+
+
+def agent_loop(estimator: str) -> str:
+    """The agent loop verl runs for ``estimator`` (``actor_rollout_ref.rollout.agent``).
+
+    Ours (:data:`slca_exp.engines.verl.rewards.AGENT_NAME`, listed in the agent-loop config
+    written next to the verl config: :data:`AGENT_LOOPS_FILE`) puts R_tool and R_sum at their
+    segments' ends, which our estimators read; an estimator of verl's (``grpo``) gets verl's own
+    multi-turn loop, :data:`VERL_AGENT_LOOP`, which puts the reward side's total (weighted as
+    ``reward.*`` says, or the penalty) on the last response token, as verl's estimators expect.
+    """
+    from slca_exp.engines.verl.estimators import NAMES
+    from slca_exp.engines.verl.rewards import AGENT_NAME
+
+    return AGENT_NAME if estimator in NAMES else VERL_AGENT_LOOP
 
 
 def our_section(config: RunConfig) -> dict[str, Any]:

@@ -5,26 +5,32 @@ index)`` from ``compute_advantage``, inside its TaskRunner: (B, T) rewards and m
 ``algorithm`` config, and the rollouts' ``uid`` array as the group ids. The adapter:
 
     token_level_rewards, response_mask
-    -> tool / summary masks, read off the response mask (the last run of learnable tokens is the
+    -> the segments, read off the response mask once (the last run of learnable tokens is the
        summary, every earlier run the tool segment: ``slca_exp.estimators.segments``)
-    -> R_tool = sum of the rewards over the tool mask, R_sum = sum over the summary mask,
-       total = sum over the whole response
-    -> our vectorised estimator (``slca_exp.estimators``), hyper-parameters from
-       ``algorithm.slca`` (``EstimatorParams`` fields) and ``algorithm.norm_adv_by_std_in_grpo``
+    -> R_tool, R_sum: each the sum of the rewards over that segment's own tokens
+       (``scores.py``); total: the reward side's weighted total, handed over by slca-exp's
+       trainer (R_tool + R_sum without it)
+    -> our vectorised estimator on the same split (``slca_exp.estimators``), hyper-parameters
+       from ``algorithm.slca`` (``EstimatorParams`` fields) and verl's
+       ``algorithm.norm_adv_by_std_in_grpo``
     -> (advantages, returns), both (B, T), in the rewards' dtype
 
 The reward side puts R_tool on the last token of the tool segment and R_sum on the last token
-of the summary, so the masked sums give back exactly the two scores; with
-``use_kl_in_reward`` on, verl has already subtracted the per-token KL penalty from
-``token_level_rewards``, and the sums then fold it into each segment's score over that segment's
-own tokens, as the paper's implementation does.
+of the summary, so the sums give back exactly the two scores (float32 or bfloat16 rewards):
+rollouts whose judge gave the same rating get the same summary advantage whatever their tool
+scores, and the other way round. With ``use_kl_in_reward`` on, verl has already subtracted the
+per-token KL penalty from ``token_level_rewards``; each segment's sum then folds in the KL of its
+own tokens, as the paper's implementation does, and the total gets both segments' KL.
 
-The mask alone cannot tell a summary from a tool call that was cut off (out of turns or tokens).
-Under ``algorithm.slca.mask_rule=corrected`` slca-exp's trainer (``trainer.py``) reads which
-rollouts ended on a tool call from the reward side and hands them to the adapter through
-:func:`segment_call`; those rollouts then have no summary segment (every learnable token is
-tool). The same context carries the estimator's per-segment statistics back to the trainer,
-which logs them under our metric names.
+The mask alone cannot tell a summary from a tool call that was cut off (out of turns or tokens),
+nor does ``token_level_rewards`` carry the total the reward configures (``reward.process_weight``
+and ``summary_weight``, the no-call penalty). slca-exp's trainer (``trainer.py``) reads both from
+the reward side and hands them to the adapter through :func:`segment_call`: the reported scores,
+which rollouts ended on a tool call (under ``algorithm.slca.mask_rule=corrected`` those have no
+summary segment: every learnable token is tool) and which summaries the judge could not score.
+The same context carries the estimator's per-segment statistics back to the trainer, which logs
+them under our metric names; :func:`advantage_stats` gives the same statistics for an estimator
+that is not ours (verl's own ``grpo``).
 """
 
 from __future__ import annotations
@@ -38,7 +44,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from slca_exp.engines.verl.scores import segment_scores
 from slca_exp.estimators import EstimatorParams, RolloutScores, get_estimator
+from slca_exp.estimators.group import dense_group_index, segment_stats
 from slca_exp.estimators.segments import SegmentSplit, split_segments
 
 NAMES = ("slca_grpo", "toolpo_grpo")
@@ -59,13 +67,17 @@ class SegmentCall:
         absent_summary: (B,) bool, rollouts whose summary could not be scored (a judge failure
             under ``reward.judge_failure=absent``): their summary takes no part in the group
             normalisation, as in the local engine; ``None``: none.
+        reported: the reward side's (tool, summary, total) of each rollout, (B,) each: the
+            estimator's total is this weighted total (plus the KL of every response token under
+            ``use_kl_in_reward``); ``None``: R_tool + R_sum.
         stats: filled by the adapter: the estimator's per-segment metrics (our names).
-        scores: filled by the adapter: the per-rollout segment scores it used.
+        scores: filled by the adapter: the per-rollout scores it used.
 
     """
 
     no_summary: Any = None
     absent_summary: Any = None
+    reported: RolloutScores | None = None
     stats: dict[str, float] = field(default_factory=dict)
     scores: RolloutScores | None = None
 
@@ -77,8 +89,9 @@ _CALL: ContextVar[SegmentCall | None] = ContextVar("slca_segment_call", default=
 def segment_call(
     no_summary: Any = None,  # noqa: ANN401 - array-likes of (B,) bool
     absent_summary: Any = None,  # noqa: ANN401
+    reported: RolloutScores | None = None,
 ) -> Iterator[SegmentCall]:
-    """Hand the adapter what the mask cannot tell, and collect what it computed.
+    """Hand the adapter what the batch cannot tell, and collect what it computed.
 
     >>> with segment_call() as call:
     ...     pass  # verl's compute_advantage runs here
@@ -86,37 +99,12 @@ def segment_call(
     {}
 
     """
-    call = SegmentCall(no_summary=no_summary, absent_summary=absent_summary)
+    call = SegmentCall(no_summary=no_summary, absent_summary=absent_summary, reported=reported)
     token = _CALL.set(call)
     try:
         yield call
     finally:
         _CALL.reset(token)
-
-
-def segment_scores(
-    token_level_rewards: torch.Tensor, response_mask: torch.Tensor | SegmentSplit
-) -> RolloutScores:
-    """Per-rollout (tool, summary, total) scores: masked sums of the token rewards.
-
-    Args:
-        token_level_rewards: (B, T) rewards as verl hands them to an estimator.
-        response_mask: (B, T), non-zero on the tokens the policy generated, or its split.
-
-    Returns:
-        (B,) float32 scores; a rollout without a tool (summary) segment scores 0 on it.
-
-    """
-    split = split_segments(response_mask)
-    learnable = split.mask.to(token_level_rewards.device)
-    # One pass: the running sum of the learnable tokens' rewards, read just before each
-    # summary starts (the tool segment is everything learnable before it), and at the end.
-    running = torch.where(learnable, token_level_rewards.float(), 0.0).cumsum(-1)
-    total = running[:, -1] if running.shape[1] else running.new_zeros(running.shape[0])
-    before = (split.summary_start - 1).clamp_min(0).to(running.device)
-    tool = running.gather(1, before[:, None]).squeeze(1) if running.shape[1] else total
-    tool = torch.where(split.summary_start.to(running.device) > 0, tool, 0.0)
-    return RolloutScores(tool=tool, summary=total - tool, total=total)
 
 
 def params_from(config: Any) -> EstimatorParams:  # noqa: ANN401 - DictConfig, AlgoConfig, dict
@@ -153,6 +141,9 @@ def verl_estimator(name: str):  # noqa: ANN201 - verl's estimator signature
         call = _CALL.get()
         split = _split(response_mask, config, call, name)
         scores = segment_scores(token_level_rewards, split)
+        if call is not None and call.reported is not None:
+            kl = bool(_get(config, "use_kl_in_reward"))
+            scores = _reported_total(scores, split, call.reported, token_level_rewards.dtype, kl)
         if call is not None and call.absent_summary is not None:
             scores = _absent(scores, call.absent_summary)
         result = estimator(split, index, scores, params_from(config))
@@ -164,6 +155,32 @@ def verl_estimator(name: str):  # noqa: ANN201 - verl's estimator signature
     compute.__name__ = compute.__qualname__ = f"{name}_for_verl"
     compute.__doc__ = f"verl adapter of slca-exp's {name!r} estimator (see {__name__})."
     return compute
+
+
+def _reported_total(
+    scores: RolloutScores,
+    split: SegmentSplit,
+    reported: RolloutScores,
+    dtype: torch.dtype,
+    kl_in_reward: bool,
+) -> RolloutScores:
+    """``scores`` with the reward side's total (plus the KL terms when they are in the rewards).
+
+    The KL folded into a segment is its sum less what the reward side wrote on it (R_tool on a
+    rollout with a tool segment, R_sum on one with a summary, in the rewards' dtype).
+    """
+    device = scores.tool.device
+    total = torch.as_tensor(reported.total, dtype=torch.float32).to(device)
+    if total.shape != scores.tool.shape:
+        raise ValueError(
+            f"the reward side reported {tuple(total.shape)} totals for "
+            f"{scores.tool.shape[0]} rollouts"
+        )
+    if kl_in_reward:
+        for segment, present in (("tool", split.has_tool), ("summary", split.has_summary)):
+            written = torch.as_tensor(getattr(reported, segment)).to(device, dtype).float()
+            total = total + (getattr(scores, segment) - torch.where(present, written, 0.0))
+    return RolloutScores(tool=scores.tool, summary=scores.summary, total=total)
 
 
 def _absent(scores: RolloutScores, rows: Any) -> RolloutScores:  # noqa: ANN401
@@ -179,6 +196,44 @@ def _absent(scores: RolloutScores, rows: Any) -> RolloutScores:  # noqa: ANN401
         summary=torch.where(absent, nan, scores.summary),
         total=torch.where(absent, nan, scores.total),
     )
+
+
+def advantage_stats(
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    index: Any,  # noqa: ANN401 - the uid array
+    no_summary: Any = None,  # noqa: ANN401 - (B,) bool, the corrected mask rule
+) -> dict[str, float]:
+    """The per-segment metrics of advantages an estimator that is not ours computed (``grpo``).
+
+    Each rollout's segment advantage is the one on the segment's first token; every rollout
+    with a segment counts as present (verl's estimators score every rollout). The same names and
+    meanings as the statistics our estimators return.
+
+    Args:
+        advantages: (B, T) advantages as verl's advantage step left them.
+        response_mask: (B, T), non-zero on learnable tokens.
+        index: (B,) group ids (the ``uid`` array).
+        no_summary: (B,) bool, rollouts without a summary segment (``None``: parity).
+
+    """
+    split = split_segments(response_mask)
+    if no_summary is not None:
+        rows = torch.as_tensor(np.asarray(no_summary, dtype=bool))
+        split = split.without_summary(rows.to(split.mask.device))
+    batch, length = split.mask.shape
+    values = advantages.to(split.mask.device, torch.float64)
+    if length:
+        rows = torch.arange(batch, device=values.device)
+        first = split.mask.to(torch.uint8).argmax(dim=1)  # where a tool segment starts
+        summary_at = split.summary_start.clamp(max=length - 1)
+        per_rollout = torch.stack([values[rows, first], values[rows, summary_at]])
+    else:
+        per_rollout = values.new_zeros(2, batch)
+    has = torch.stack([split.has_tool, split.has_summary])
+    group, groups = dense_group_index(index, batch, values.device)
+    tokens = torch.stack([split.tool_tokens, split.summary_tokens])
+    return segment_stats(torch.where(has, per_rollout, 0.0), has, has, tokens, group, groups)
 
 
 def mask_rule(config: Any) -> str:  # noqa: ANN401

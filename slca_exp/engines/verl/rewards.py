@@ -7,25 +7,33 @@ two scores at two places, so two pieces work together, neither patching verl:
 1. :class:`SLCARewardManager` (``reward.reward_manager.source=importlib``): decodes the whole
    multi-turn response (special tokens kept, as the local engine reads it), scores it with our
    HierR reward and judge (``slca_exp.rewards.HierRReward``, penalty routing included) and
-   returns the total as ``reward_score`` and the two routed scores in ``reward_extra_info``
-   (:data:`TOOL_KEY`, :data:`SUMMARY_KEY`, plus the tool components and the judge's status).
-2. :class:`SLCAToolAgentLoop` (verl's ``ToolAgentLoop``, listed in the agent-loop config that
-   :func:`agent_loop_config` writes) returns a :class:`SegmentScoredOutput`, whose ``as_dict``
-   rebuilds ``rm_scores`` from those two scores with :func:`place_segment_scores`.
+   returns the total (``reward.process_weight * R_tool + summary_weight * R_sum``, or the
+   penalty) as ``reward_score`` and the two routed scores and the total in
+   ``reward_extra_info`` (:data:`TOOL_KEY`, :data:`SUMMARY_KEY`, :data:`TOTAL_KEY`, plus the tool
+   components and the judge's status).
+2. For our estimators, :class:`SLCAToolAgentLoop` (verl's ``ToolAgentLoop``, listed in the
+   agent-loop config that :func:`agent_loop_config` writes) returns a
+   :class:`SegmentScoredOutput`, whose ``as_dict`` rebuilds ``rm_scores`` from the two scores
+   with :func:`place_segment_scores`. verl's own estimators (``grpo``) get verl's own tool agent
+   loop instead (``config.agent_loop``): ``rm_scores`` holds ``reward_score``, the total, on the
+   last token, as verl's GRPO expects.
 
-The estimator side (``estimators.py``) reads them back as masked sums over the segments. The
-segments are the response mask's runs of learnable tokens: the last run is the summary, every
-earlier run the tool segment (the paper's rule, ``mask_rule=parity``: a rollout cut off on a tool
-call has its last tool turn read as the summary). Under ``mask_rule=corrected`` such a rollout
-(:data:`NO_SUMMARY_KEY`) has no summary: R_tool goes on its last learnable token and its summary
-score is dropped; slca-exp's trainer tells the estimator which rollouts those are.
+The estimator side (``estimators.py``, ``scores.py``) reads each score back as the sum of the
+rewards over its own segment's tokens, and gets the total from ``reward_extra_info`` through
+slca-exp's trainer. The segments are the response mask's runs of learnable tokens: the last run
+is the summary, every earlier run the tool segment. A rollout with one run has no tool segment:
+its R_tool is not written (it still counts in its total). Under the paper's rule
+(``mask_rule=parity``) a rollout cut off on a tool call has its last tool turn read as the
+summary; under ``mask_rule=corrected`` such a rollout (:data:`NO_SUMMARY_KEY`) has no summary:
+R_tool goes on its last learnable token and its summary score is dropped; slca-exp's trainer
+tells the estimator which rollouts those are.
 
 A judge failure under ``reward.judge_failure=absent`` cannot be told apart from a score in
 ``rm_scores``: it is written as 0 and flagged in :data:`SUMMARY_FAILED_KEY`, and slca-exp's
-trainer tells the estimator to leave that summary out of its group's normalisation, as the local
-engine does. Every value the
-``reward/*`` and ``judge/*`` metrics need travels in ``reward_extra_info`` too, one scalar per
-key (:func:`reward_metrics` rebuilds the metrics from them in the trainer).
+trainer tells our estimators to leave that summary out of its group's normalisation, as the local
+engine does (verl's own ``grpo`` reads a total of 0 for that rollout and cannot leave it out).
+Every value the ``reward/*`` and ``judge/*`` metrics need travels in ``reward_extra_info`` too,
+one scalar per key (:func:`reward_metrics` rebuilds the metrics from them in the trainer).
 """
 
 from __future__ import annotations

@@ -4,14 +4,16 @@ verl 0.9.x picks its trainer class by name from a registry (``trainer.v1.trainer
 ``verl.trainer.ppo.v1.register_trainer``); its own TaskRunner looks the name up in the process
 where training runs. :data:`TRAINER_MODE` names :class:`SLCATrainer`, registered when
 :mod:`slca_exp.engines.verl.plugin` is imported there (``VERL_USE_EXTERNAL_MODULES``), and the
-translated config selects it. Nothing of verl is patched: the class overrides one step of the
-training loop, ``_compute_advantage``, and calls verl's own:
+translated config selects it for every estimator. Nothing of verl is patched: the class
+overrides one step of the training loop, ``_compute_advantage``, and calls verl's own:
 
     TransferQueue --(extra_fields: reward_extra_info per rollout, in the batch's row order)-->
+      reported (tool, summary, weighted total),
       no_summary flags (mask_rule=corrected),
       absent summaries (judge failures)       ->  segment_call(...)  ->  verl's advantage step
-                                                   (our estimator adapter reads the flags and
+                                                   (our estimator adapter reads them and
                                                     leaves its per-segment stats)
+      verl's own estimator (grpo): its advantages read back -> the same per-segment stats
       reward_extra_info rows  ->  reward/* and judge/* metrics
     -> metrics (our names, ``slca_exp.tracking.names``) logged by verl's tracker at that step,
        next to verl's own.
@@ -23,10 +25,19 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
+import torch
 from verl.trainer.ppo.v1 import PPOTrainerSync, get_trainer_cls, register_trainer
 
-from slca_exp.engines.verl.estimators import mask_rule, segment_call
-from slca_exp.engines.verl.rewards import NO_SUMMARY_KEY, SUMMARY_FAILED_KEY, reward_metrics
+from slca_exp.engines.verl.estimators import NAMES, advantage_stats, mask_rule, segment_call
+from slca_exp.engines.verl.rewards import (
+    NO_SUMMARY_KEY,
+    SUMMARY_FAILED_KEY,
+    SUMMARY_KEY,
+    TOOL_KEY,
+    TOTAL_KEY,
+    reward_metrics,
+)
+from slca_exp.estimators import RolloutScores
 
 TRAINER_MODE = "slca_sync"
 """``trainer.v1.trainer_mode`` of :class:`SLCATrainer`."""
@@ -55,6 +66,24 @@ def absent_summary_rows(infos: Sequence[Mapping[str, Any]]) -> np.ndarray:
     return np.array(failed, dtype=bool)
 
 
+def reported_scores(infos: Sequence[Mapping[str, Any]]) -> RolloutScores | None:
+    """The reward side's (tool, summary, total) of each rollout, (B,) float32 each.
+
+    ``None`` unless every row reports them (another reward manager reports none). The total is
+    the one the reward configures: ``reward.process_weight * R_tool + summary_weight * R_sum``,
+    or the penalty.
+    """
+    if not infos or not all(TOTAL_KEY in i and TOOL_KEY in i and SUMMARY_KEY in i for i in infos):
+        return None
+    columns = {
+        key: torch.tensor([float(i[key]) for i in infos], dtype=torch.float32)
+        for key in (TOOL_KEY, SUMMARY_KEY, TOTAL_KEY)
+    }
+    return RolloutScores(
+        tool=columns[TOOL_KEY], summary=columns[SUMMARY_KEY], total=columns[TOTAL_KEY]
+    )
+
+
 def segment_metrics(
     infos: Sequence[Mapping[str, Any]], estimator_stats: Mapping[str, float]
 ) -> dict[str, float]:
@@ -67,7 +96,7 @@ class SLCATrainer(PPOTrainerSync):
     """verl's synchronous trainer; each step also logs slca-exp's per-segment metrics."""
 
     def _compute_advantage(self, batch: Any, metrics: dict) -> Any:  # noqa: ANN401 - KVBatchMeta
-        """The advantage step of verl, with the segment flags in and our metrics out."""
+        """The advantage step of verl, with the reward side's facts in and our metrics out."""
         import transfer_queue as tq
 
         data = tq.kv_batch_get(
@@ -76,10 +105,26 @@ class SLCATrainer(PPOTrainerSync):
         infos = batch_infos(data.pop("extra_fields").tolist())
         corrected = mask_rule(self.config.algorithm) == "corrected"
         no_summary = no_summary_rows(infos) if corrected else None
-        with segment_call(no_summary, absent_summary_rows(infos)) as call:
+        facts = (no_summary, absent_summary_rows(infos), reported_scores(infos))
+        with segment_call(*facts) as call:
             batch = super()._compute_advantage(batch, metrics=metrics)
-        metrics.update(segment_metrics(infos, call.stats))
+        stats = call.stats
+        if self.config.algorithm.adv_estimator not in NAMES:  # verl's own: read its result back
+            stats = self._advantage_stats(batch, no_summary)
+        metrics.update(segment_metrics(infos, stats))
         return batch
+
+    def _advantage_stats(self, batch: Any, no_summary: Any) -> dict[str, float]:  # noqa: ANN401
+        """Our per-segment metrics of the advantages verl's own estimator wrote."""
+        import transfer_queue as tq
+
+        fields = ["advantages", "response_mask", "uid"]
+        data = tq.kv_batch_get(
+            keys=batch.keys, partition_id=batch.partition_id, select_fields=fields
+        )
+        padded = data.to_padded_tensor()
+        uid = np.array(padded.pop("uid").tolist(), dtype=object)
+        return advantage_stats(padded["advantages"], padded["response_mask"], uid, no_summary)
 
 
 def registered() -> bool:

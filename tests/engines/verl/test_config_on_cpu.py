@@ -96,6 +96,21 @@ def test_the_estimator_and_its_parameters_travel_under_algorithm():
     assert verl_config(run_config("algorithm.group_size=4")).actor_rollout_ref.rollout.n == 4
 
 
+@pytest.mark.parametrize(
+    ("estimator", "loop"),
+    [("slca_grpo", "slca_tool_agent"), ("toolpo_grpo", "slca_tool_agent"), ("grpo", "tool_agent")],
+)
+def test_the_agent_loop_follows_the_estimator_and_verl_accepts_it(estimator, loop):
+    # ours read R_tool and R_sum at their segments' ends; verl's grpo reads the reward side's
+    # weighted total on the last token, which verl's own tool agent loop writes
+    cfg = verl_config(run_config(f"algorithm={estimator}", "data.dir=/cluster/toucan"))
+    assert cfg.actor_rollout_ref.rollout.agent.default_agent_loop == loop
+    assert check_verl_config(cfg) == []
+    assert verl.SOURCES["actor_rollout_ref.rollout.agent.default_agent_loop"].startswith(
+        "algorithm.name"
+    )
+
+
 def test_the_plugin_travels_to_every_ray_worker(monkeypatch):
     monkeypatch.setenv("VERL_USE_EXTERNAL_MODULES", "my_lab.verl_bits")
     monkeypatch.setenv("SLCA_EXP_PLUGINS", "my_lab.estimators")
