@@ -1,6 +1,6 @@
 """The recipe: the five components every number must travel with, their hashes and a fingerprint.
 
-DESIGN.md, "Recipe": backbone, reward, judge, simulator and data split are recorded as one block,
+Backbone, reward, judge, simulator and data split are recorded as one block,
 with the algorithm, the engine and the code version beside them. The fingerprint is the sha256 of
 the canonical JSON of the five components only, so runs that sweep the estimator or the seed over
 one recipe share it, and two runs with different fingerprints differ in a recorded component.
@@ -85,7 +85,7 @@ class Recipe:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True)
 
     def tags(self) -> dict[str, str]:
-        """The ``slca.*`` tags of DESIGN.md, short and human-readable."""
+        """The ``slca.*`` run tags, short and human-readable."""
         return {
             "slca.backbone": _backbone_tag(self.backbone),
             "slca.reward": f"{self.reward['name']}/{self.reward['variant']}",

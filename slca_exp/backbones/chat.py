@@ -1,6 +1,6 @@
 r"""The hermes / ChatML chat layout shared by the template, the rollouts and SFT.
 
-The layout is Qwen2.5's (what verl's hermes tool parser reads, ../shared/REFERENCE.md §4) with a
+The layout is Qwen2.5's (what verl's hermes tool parser reads) with a
 compact tools list in the system turn, one line per tool, to keep prompts short for a CPU model::
 
     <|im_start|>system

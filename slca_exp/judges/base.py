@@ -1,6 +1,6 @@
 """The judge protocol: requests, results, the paper's short-circuits and the batch metrics.
 
-A judge rates the final reply of a rollout 1-5 (REFERENCE.md §2) from the question, the numbered
+A judge rates the final reply of a rollout 1-5 from the question, the numbered
 ``<tool_response>`` contents and the text after the last ``</tool_response>``; the summary score is
 ``(rating - 1) / 4``. A judge never invents a score: when it cannot rate, the result is
 ``status="failed"`` with ``score=NaN`` and the reward's failure policy decides what that means.

@@ -1,6 +1,6 @@
 """Checking a tool call's arguments against its OpenAI-style function schema, without a model.
 
-SGLS (REFERENCE.md §3) checks the required parameters against the schema before the simulator
+SGLS (the paper's simulator) checks the required parameters against the schema before the simulator
 model is asked; we also check JSON types (``integer`` vs ``number`` included), ``enum`` values,
 nested objects and arrays, and ``additionalProperties: false``. A violation becomes a tool error
 response the policy reads, so a malformed call costs no request and cannot be papered over by an

@@ -1,4 +1,4 @@
-"""SGLS, the Schema-Guided LLM Simulator (registry name ``sgls``; REFERENCE.md §3).
+"""SGLS, the Schema-Guided LLM Simulator (registry name ``sgls``; the paper's simulator).
 
 For each call: the arguments are checked against the tool's schema first (``simulators.schema``)
 and a violation comes back at once as a ``schema_error`` tool response, without a request. A

@@ -1,6 +1,6 @@
 """Keep secrets out of everything slca-exp writes: params, tags, artifacts, W&B files, logs.
 
-Secrets come from the environment (DESIGN.md, "Recipe"). Three rules find them:
+Secrets come from the environment, never from a config. Three rules find them:
 
 1. a mapping value whose key looks like a secret (``api_key``, ``hf_token``, ``password``, ...;
    not ``api_key_env``, which holds the NAME of a variable, nor counts like ``max_tokens``);
