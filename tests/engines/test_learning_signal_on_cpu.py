@@ -12,13 +12,14 @@ import torch
 
 from slca_exp.backbones import load_backbone
 from slca_exp.backbones.chat import render_prompt, render_text, tool_turn_text
-from slca_exp.config.schema import BackboneConfig, RLConfig, SimulatorConfig, TinyArchConfig
+from slca_exp.config.schema import BackboneConfig, RLConfig, SimulatorConfig
 from slca_exp.data.splits import load_split
 from slca_exp.data.synthetic import generate
 from slca_exp.engines.local.rollout import Roller, RolloutSettings, row_tools
 from slca_exp.engines.local.update import rl_update
 from slca_exp.estimators import EstimatorParams, RolloutScores, get_estimator
 from slca_exp.simulators import build_simulator
+from tests.engines.tiny_world import TINY_ARCH
 
 
 @pytest.fixture(scope="module")
@@ -27,15 +28,7 @@ def setup(tmp_path_factory):
     files = generate(root / "data", rows=16, seed=0)
     rows = load_split(files["train"], "train").rows
     texts = [render_text(list(r["prompt"]), row_tools(r)) for r in rows]
-    arch = TinyArchConfig(
-        num_layers=1,
-        hidden_size=32,
-        num_heads=2,
-        intermediate_size=64,
-        vocab_size=300,
-        max_position_embeddings=1024,
-    )
-    cfg = BackboneConfig(name="tiny", source="builtin", arch=arch)
+    cfg = BackboneConfig(name="tiny", source="builtin", arch=TINY_ARCH)
     return cfg, rows, texts, root
 
 

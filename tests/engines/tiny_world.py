@@ -23,6 +23,16 @@ from slca_exp.engines.local.rollout import PackedBatch, Roller, RolloutSettings,
 from slca_exp.estimators import EstimatorParams, RolloutScores, SegmentAdvantages, get_estimator
 from slca_exp.simulators import build_simulator
 
+TINY_ARCH = TinyArchConfig(
+    num_layers=1,
+    hidden_size=32,
+    num_heads=2,
+    intermediate_size=64,
+    vocab_size=300,
+    max_position_embeddings=1024,
+)
+"""The tests' tiny built-in architecture: one layer, fast enough to train in a test."""
+
 
 @dataclass
 class World:
@@ -63,16 +73,8 @@ def build_world(tmp_path_factory: pytest.TempPathFactory) -> World:
     sft = load_split(files["sft"], "sft").rows
     texts = [render_text(list(r["prompt"]), row_tools(r)) for r in rows]
     texts += [render_text(json.loads(r["messages"]), row_tools(r)) for r in sft]
-    arch = TinyArchConfig(
-        num_layers=1,
-        hidden_size=32,
-        num_heads=2,
-        intermediate_size=64,
-        vocab_size=300,
-        max_position_embeddings=1024,
-    )
     backbone = load_backbone(
-        BackboneConfig(name="tiny", source="builtin", arch=arch),
+        BackboneConfig(name="tiny", source="builtin", arch=TINY_ARCH),
         corpus=lambda: texts,
         cache_root=Path(root) / "cache",
         seed=0,
