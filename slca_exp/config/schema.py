@@ -268,8 +268,16 @@ class VerlConfig:
     ``algorithm.name``.
     """
 
+    backend: str = param(
+        "cuda",
+        "where verl trains: cuda (GPUs, vLLM rollout) | cpu (no accelerator: transformers "
+        "rollout, gloo, FSDP2; slca_exp/engines/verl/cpu) | auto (cuda when this host has a GPU)",
+        choices=("cuda", "cpu", "auto"),
+    )
     nnodes: int = param(1, "nodes of the Ray cluster (trainer.nnodes)", gt=0)
-    n_gpus_per_node: int = param(8, "GPUs per node (trainer.n_gpus_per_node)", gt=0)
+    n_gpus_per_node: int = param(
+        8, "GPUs per node (trainer.n_gpus_per_node); on the cpu backend, trainer processes", gt=0
+    )
     strategy: str = param(
         "fsdp", "actor and reference training strategy (actor.strategy)", choices=("fsdp", "fsdp2")
     )

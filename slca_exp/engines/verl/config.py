@@ -41,6 +41,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from slca_exp.config.schema import RunConfig
 from slca_exp.config.validate import ConfigError, Problem
+from slca_exp.engines.verl import cpu
 from slca_exp.recipe import Recipe
 
 PLUGIN_MODULE = "slca_exp.engines.verl.plugin"
@@ -53,6 +54,8 @@ PARAMS_KEY = "algorithm.slca"
 CONFIG_FILE = "ppo_trainer.yaml"
 TOOLS_FILE = "tools.yaml"
 AGENT_LOOPS_FILE = "agent_loops.yaml"
+ROLLOUT_LOG = "rollout_weights.jsonl"
+"""``<run folder>/verl/rollout_weights.jsonl``: the cpu backend's weight updates of its server."""
 DATA_DIR = "data"
 """``<run folder>/verl/data``: the splits as verl reads them (``extra_info.tools_kwargs`` added)."""
 VERL_AGENT_LOOP = "tool_agent"
@@ -94,6 +97,7 @@ FIELD_KEYS: dict[str, tuple[str, ...]] = {
 """``engine.verl.<field>`` -> the verl keys it sets (``mask_rule``: ``algorithm.slca``)."""
 
 SOURCES: dict[str, str] = {
+    **{key: "engine.verl.backend (cpu)" for key in cpu.KEYS},
     **{key: f"engine.verl.{field}" for field, keys in FIELD_KEYS.items() for key in keys},
     "actor_rollout_ref.model.path": "backbone.path",
     "actor_rollout_ref.model.custom_chat_template": "backbone.chat_template",
@@ -152,7 +156,7 @@ def verl_config(config: RunConfig, recipe: Recipe | None = None) -> DictConfig:
         verl_values(config, recipe),
         config.engine.verl.overrides,
         "engine.verl.overrides",
-        new_keys=(PARAMS_KEY, ENV_VARS_KEY, OUR_KEY),
+        new_keys=(PARAMS_KEY, ENV_VARS_KEY, OUR_KEY, *cpu.NEW_KEYS),
     )
 
 
@@ -179,14 +183,14 @@ def translated(
         ConfigError: verl is not installed, the backbone is builtin, or overrides are bad.
 
     """
-    if config.backbone.source == "builtin" or not config.backbone.path:
+    if config.backbone.source != "builtin" and not config.backbone.path:
         raise ConfigError(
             [
                 Problem(
-                    "backbone.source",
-                    "engine=verl loads a Hugging Face checkpoint; a builtin backbone exists only "
-                    "inside the local engine",
-                    "pick a hub or local backbone, e.g. backbone=qwen2.5-7b-instruct",
+                    "backbone.path",
+                    "engine=verl loads a Hugging Face checkpoint and the backbone names none",
+                    "pick a hub or local backbone, e.g. backbone=qwen2.5-7b-instruct, or the "
+                    "built-in backbone=tiny",
                 )
             ]
         )
@@ -216,7 +220,7 @@ def verl_values(config: RunConfig, recipe: Recipe | None = None) -> dict[str, An
     values.update(FIXED)
     values.update(
         {
-            "actor_rollout_ref.model.path": config.backbone.path,
+            "actor_rollout_ref.model.path": model_path(config, recipe),
             "actor_rollout_ref.model.custom_chat_template": chat_template(config),
             _ROLLOUT + "n": config.algorithm.group_size,
             _ROLLOUT + "seed": config.seed,
@@ -240,7 +244,45 @@ def verl_values(config: RunConfig, recipe: Recipe | None = None) -> dict[str, An
             ENV_VARS_KEY: worker_env(config),
         }
     )
+    if backend_of(config) == "cpu":
+        uses_ref = v.use_kl_loss or v.use_kl_in_reward
+        values.update(cpu.verl_values(uses_ref))
+        values.update(cpu.new_values(uses_ref, v.n_gpus_per_node))
     return values
+
+
+def backend_of(config: RunConfig) -> str:
+    """``engine.verl.backend`` resolved: ``auto`` is ``cuda`` when this host has a GPU."""
+    backend = config.engine.verl.backend
+    if backend != "auto":
+        return backend
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def model_path(config: RunConfig, recipe: Recipe | None = None) -> str:
+    """The checkpoint verl loads: ``backbone.path``, or the built-in backbone's cached folder.
+
+    The built-in (``backbone=tiny``) is built as the local engine builds it, from the run's
+    splits (its tokenizer is trained on them), and saved as an ordinary HF checkpoint under
+    the tracking root's cache; the same inputs reuse the folder.
+    """
+    if config.backbone.source != "builtin":
+        return str(config.backbone.path)
+    from slca_exp.backbones import load_backbone
+    from slca_exp.data.splits import load_splits
+    from slca_exp.engines.local.data_io import corpus
+    from slca_exp.tracking.mlflow import output_root
+
+    splits = load_splits(config)
+    built = load_backbone(
+        config.backbone,
+        corpus=lambda: corpus(splits),
+        cache_root=output_root(config.tracking) / "cache",
+        seed=config.seed,
+    )
+    return str(built.path)
 
 
 def agent_loop(estimator: str) -> str:
@@ -333,7 +375,13 @@ def worker_env(config: RunConfig) -> dict[str, str]:
     from slca_exp.plugins import PLUGINS_ENV
 
     modules = [m.strip() for m in os.environ.get(MODULES_ENV, "").split(",") if m.strip()]
-    env = {MODULES_ENV: ",".join(dict.fromkeys([*modules, PLUGIN_MODULE]))}
+    env: dict[str, str] = {}
+    if backend_of(config) == "cpu":  # the platform first: later modules ask verl for it
+        modules = [cpu.PLATFORM_MODULE, *modules]
+        env.update(cpu.WORKER_ENV)
+        env.update(cpu.thread_env())
+        env[cpu.ROLLOUT_LOG_ENV] = str(verl_dir(config) / ROLLOUT_LOG)
+    env[MODULES_ENV] = ",".join(dict.fromkeys([*modules, PLUGIN_MODULE]))
     if os.environ.get(PLUGINS_ENV):
         env[PLUGINS_ENV] = os.environ[PLUGINS_ENV]
     if "mlflow" in config.tracking.backends:

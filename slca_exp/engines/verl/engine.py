@@ -24,8 +24,10 @@ latest checkpoint (``trainer.resume_mode``).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -111,21 +113,25 @@ class VerlEngine:
         from slca_exp.engines.verl.sft import finished_sft, run_sft
 
         launch = prepare(config, recipe, tracker)
-        require_gpus(launch.cfg)
-        weights = finished_sft(config, recipe)  # a requeued job does not repeat its SFT
-        if config.engine.sft.enabled and weights is None:
-            env, child = sft_env(config, launch.env)
-            try:
-                weights = run_sft(config, recipe, env=env)
-            except BaseException:
-                _end_run(config, child, "FAILED")
-                raise
-        if weights is not None:  # the RL stage starts from the SFT weights
-            with open_dict(launch.cfg):
-                OmegaConf.update(launch.cfg, MODEL_KEY, str(weights))
-            translate.write_verl_config(launch.cfg, launch.config_path)
-        model_path = str(OmegaConf.select(launch.cfg, MODEL_KEY))
-        run_trainer(launch)
+        cpu = translate.backend_of(config) == "cpu"
+        if not cpu:
+            require_gpus(launch.cfg)
+        with ray_session(launch) if cpu else contextlib.nullcontext():
+            weights = finished_sft(config, recipe)  # a requeued job does not repeat its SFT
+            if config.engine.sft.enabled and weights is None:
+                env, child = sft_env(config, launch.env)
+                try:
+                    weights = run_sft(config, recipe, env=env)
+                except BaseException:
+                    _end_run(config, child, "FAILED")
+                    raise
+                _end_run(config, child, "FINISHED")
+            if weights is not None:  # the RL stage starts from the SFT weights
+                with open_dict(launch.cfg):
+                    OmegaConf.update(launch.cfg, MODEL_KEY, str(weights))
+                translate.write_verl_config(launch.cfg, launch.config_path)
+            model_path = str(OmegaConf.select(launch.cfg, MODEL_KEY))
+            run_trainer(launch)
         (launch.folder / FINISHED_FILE).write_text("")
         return VerlRunResult(
             run_dir=str(launch.folder),
@@ -143,6 +149,11 @@ def check(config: RunConfig, recipe: Any = None) -> list[Problem]:  # noqa: ANN4
     from slca_exp.engines.verl.sft import check_sft_config, sft_config
 
     problems: list[Problem] = []
+    if translate.backend_of(config) == "cpu":
+        from slca_exp.engines.verl import cpu
+
+        v = config.engine.verl
+        problems += cpu.problems(v.strategy, v.tensor_model_parallel_size)
     try:
         problems += check_verl_config(translate.verl_config(config, recipe))
     except ConfigError as err:
@@ -290,6 +301,60 @@ def require_gpus(cfg: DictConfig) -> None:
     )
 
 
+@contextlib.contextmanager
+def ray_session(launch: Launch) -> Iterator[str]:
+    """Connect this process to the run's Ray cluster for both stages (the cpu backend).
+
+    The cluster of ``RAY_ADDRESS`` (a SLURM job's, booted by ``slca_exp.launch.cluster`` with
+    logical GPU slots), else a local one started here with ``ray_kwargs.ray_init``'s CPU and
+    logical GPU slots (verl's resource pools ask Ray for GPUs only). Every actor of the run
+    gets the workers' environment (verl's defaults and ``ray_kwargs.ray_init.runtime_env``,
+    as verl's ``run_ppo`` would merge them); the SFT stage's driver, a separate process, joins
+    the same cluster through ``RAY_ADDRESS`` with the same environment
+    (:data:`slca_exp.engines.verl.cpu.sft.RUNTIME_ENV`).
+
+    Yields:
+        The cluster's GCS address.
+
+    """
+    import ray
+    from verl.trainer.constants_ppo import get_ppo_ray_runtime_env
+
+    from slca_exp.engines.verl.cpu.sft import RUNTIME_ENV
+
+    cfg = launch.cfg
+    runtime_env = OmegaConf.to_container(
+        OmegaConf.merge(get_ppo_ray_runtime_env(cfg), cfg.ray_kwargs.ray_init.runtime_env),
+        resolve=True,
+    )
+    address = os.environ.get("RAY_ADDRESS")
+    if address:
+        print(f"slca-exp: verl runs on the Ray cluster at {address}")
+        ray.init(address=address, runtime_env=runtime_env, logging_level="WARNING")
+    else:
+        init = cfg.ray_kwargs.ray_init
+        ray.init(
+            num_cpus=init.num_cpus,
+            num_gpus=init.num_gpus,
+            runtime_env=runtime_env,
+            include_dashboard=False,
+            logging_level="WARNING",
+        )
+    gcs = ray.get_runtime_context().gcs_address
+    saved = {name: os.environ.get(name) for name in ("RAY_ADDRESS", RUNTIME_ENV)}
+    os.environ["RAY_ADDRESS"] = gcs
+    os.environ[RUNTIME_ENV] = json.dumps(runtime_env)
+    try:
+        yield gcs
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        ray.shutdown()
+
+
 def run_trainer(launch: Launch) -> None:
     """Run verl's PPO trainer (``run_ppo`` + ``TaskRunnerV1``) with the prepared config.
 
@@ -301,7 +366,8 @@ def run_trainer(launch: Launch) -> None:
     from verl.utils.device import auto_set_device
 
     cfg = launch.cfg
-    auto_set_device(cfg)
+    if OmegaConf.select(cfg, "trainer.device") != "cpu":  # the cpu backend says so already
+        auto_set_device(cfg)
     ours = not ray.is_initialized()
     if os.environ.get("RAY_ADDRESS"):
         print(f"slca-exp: verl runs on the Ray cluster at {os.environ['RAY_ADDRESS']}")

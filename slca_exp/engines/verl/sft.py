@@ -44,10 +44,12 @@ from omegaconf import DictConfig
 
 from slca_exp.config.schema import RunConfig
 from slca_exp.config.validate import ConfigError, Problem
-from slca_exp.engines.verl import sft_data
+from slca_exp.engines.verl import cpu, sft_data
 from slca_exp.engines.verl.config import (
+    backend_of,
     chat_template,
     keyed_problem,
+    model_path,
     run_name_of,
     translated,
     unresolved,
@@ -63,6 +65,7 @@ CONFIG_NAME = "sft_trainer_engine"
 CONFIG_FILE = "sft_trainer.yaml"
 """The translated config, written into ``<run folder>/verl``."""
 ENTRY_POINT = "verl.trainer.sft_trainer_ray"
+CPU_ENTRY_POINT = "slca_exp.engines.verl.cpu.sft"
 DATA_FILE = Path("sft_data") / "sft.parquet"
 CHECKPOINTS = "sft"
 HF_FOLDER = "huggingface"
@@ -86,6 +89,7 @@ SOURCES: dict[str, str] = {
     "trainer.experiment_name": "run_name",
     "trainer.seed": "seed",
     "engine.seed": "seed",
+    **{key: "engine.verl.backend (cpu)" for key in cpu.SFT_KEYS},
 }
 """verl key -> the key of ours it is translated from (a problem's fix names it)."""
 
@@ -131,6 +135,7 @@ def sft_config(config: RunConfig, recipe: Recipe | None = None) -> DictConfig:
         sft_values(config, recipe),
         config.engine.verl.sft_overrides,
         "engine.verl.sft_overrides",
+        new_keys=cpu.SFT_NEW_KEYS,
     )
 
 
@@ -140,7 +145,6 @@ def sft_values(config: RunConfig, recipe: Recipe | None = None) -> dict[str, Any
     values = dict(FIXED)
     values.update(
         {
-            "model.path": config.backbone.path,
             "model.custom_chat_template": chat_template(config),
             "data.train_files": str(folder / DATA_FILE),  # write_sft_data writes it at launch
             "data.max_length": sft.max_len,
@@ -159,8 +163,11 @@ def sft_values(config: RunConfig, recipe: Recipe | None = None) -> dict[str, Any
             "trainer.default_local_dir": str(folder / CHECKPOINTS),
             "trainer.seed": config.seed,
             "engine.seed": config.seed,
+            "model.path": model_path(config, recipe),
         }
     )
+    if backend_of(config) == "cpu":
+        values.update(cpu.sft_values())
     return values
 
 
@@ -177,12 +184,17 @@ def sft_checkpoint(cfg: DictConfig) -> Path:
     return Path(cfg.trainer.default_local_dir) / f"global_step_{step}" / HF_FOLDER
 
 
-def sft_command(cfg_path: str | Path) -> list[str]:
+def sft_command(cfg_path: str | Path, backend: str = "cuda") -> list[str]:
     """The command that runs verl's Ray SFT trainer, unmodified, on a written config.
 
-    Hydra's run folder (verl's ``hydra.main`` changes into it) goes next to the config.
+    Hydra's run folder (verl's ``hydra.main`` changes into it) goes next to the config. On the
+    ``cpu`` backend the trainer is started by :mod:`slca_exp.engines.verl.cpu.sft`, which joins
+    the run's Ray cluster with the workers' environment (verl's entry point starts a Ray of
+    its own).
     """
     path = Path(cfg_path).resolve()
+    if backend == "cpu":
+        return [sys.executable, "-m", CPU_ENTRY_POINT, str(path)]
     return [
         sys.executable,
         "-m",
@@ -233,10 +245,11 @@ def run_sft(
         raise ConfigError(problems)
     path = write_verl_config(cfg, verl_dir(config) / CONFIG_FILE)
     child_env = {**os.environ, **worker_env(config), **(env or {})}
-    result = subprocess.run(sft_command(path), env=child_env, check=False)  # noqa: S603
+    command = sft_command(path, backend_of(config))
+    result = subprocess.run(command, env=child_env, check=False)  # noqa: S603
     if result.returncode != 0:
         raise RuntimeError(
-            f"verl's SFT trainer ({ENTRY_POINT}) exited with code {result.returncode}; its log "
+            f"verl's SFT trainer ({command[2]}) exited with code {result.returncode}; its log "
             f"is above, its config in {path}"
         )
     if not _has_weights(weights):

@@ -19,6 +19,7 @@ from slca_exp.config.compose import compose_run, hydra_context  # noqa: E402
 from slca_exp.config.schema import VerlConfig  # noqa: E402
 from slca_exp.config.validate import ConfigError, validate  # noqa: E402
 from slca_exp.engines.verl import config as verl  # noqa: E402
+from slca_exp.engines.verl import cpu  # noqa: E402
 from slca_exp.engines.verl.checks import check_verl_config  # noqa: E402
 from slca_exp.engines.verl.config import verl_config  # noqa: E402
 
@@ -226,18 +227,27 @@ def test_the_corrected_mask_rule_needs_our_trainer_and_says_so():
     assert keys(err.value.problems) == ["engine.verl.mask_rule"]
 
 
-def test_a_builtin_backbone_cannot_run_on_verl():
+def test_a_builtin_backbone_runs_on_verl_from_its_cached_checkpoint(tmp_path):
+    config = run_config("backbone=tiny", "data=synthetic", f"tracking.root={tmp_path}")
+    folder = Path(verl_config(config).actor_rollout_ref.model.path)
+    assert folder.is_relative_to(tmp_path / "cache" / "backbones")
+    assert (folder / "config.json").is_file() and (folder / "tokenizer.json").is_file()
+    assert Path(verl_config(config).actor_rollout_ref.model.path) == folder  # built once
+
+
+def test_a_hub_backbone_without_a_path_is_refused():
     with pytest.raises(ConfigError) as err:
-        verl_config(run_config("backbone=tiny"))
-    assert keys(err.value.problems) == ["backbone.source"]
+        verl_config(run_config("backbone.path="))
+    assert keys(err.value.problems) == ["backbone.path"]
 
 
 def test_every_modelled_key_is_one_of_verls():
     cfg = verl_config(run_config())
+    on_cpu = verl_config(run_config("engine.verl.backend=cpu"))  # the cpu backend's keys
     for key in verl.SOURCES.keys() | verl.FIXED.keys():
         parent, _, leaf = key.rpartition(".")
-        assert leaf in OmegaConf.select(cfg, parent), key
-    ours = {"mask_rule", "overrides", "sft_overrides"}  # not one verl key each
+        assert leaf in OmegaConf.select(on_cpu if key in cpu.KEYS else cfg, parent), key
+    ours = {"backend", "mask_rule", "overrides", "sft_overrides"}  # not one verl key each
     modelled = {f.name for f in dataclasses.fields(VerlConfig)} - ours
     assert modelled == set(verl.FIELD_KEYS)
 

@@ -140,12 +140,6 @@ def test_bad_sft_overrides_are_all_reported_with_their_index():
     assert "did you mean optim.lr" in err.value.problems[0].fix
 
 
-def test_a_builtin_backbone_cannot_run_on_verl():
-    with pytest.raises(ConfigError) as err:
-        sft_config(run_config("backbone=tiny"))
-    assert keys(err.value.problems) == ["backbone.source"]
-
-
 def test_verls_dataset_loads_the_converted_split_and_learns_assistant_tokens_only(
     rows, tokenizer, tmp_path
 ):
