@@ -337,6 +337,11 @@ class VerlConfig:
         "(a last run cut off inside a tool call is tool); algorithm.slca.mask_rule",
         choices=("parity", "corrected"),
     )
+    dump_batches: bool = param(
+        False,
+        "write each RL step's batch as the actor receives it (advantages, response mask, "
+        "scores, the reward side's per-rollout facts) to <run folder>/verl/batches/step_<n>.pt",
+    )
     overrides: list[str] = param(
         default_factory=list,
         help="raw verl overrides applied last (key=value, +key=value, ++key=value, ~key), e.g. "

@@ -56,6 +56,8 @@ TOOLS_FILE = "tools.yaml"
 AGENT_LOOPS_FILE = "agent_loops.yaml"
 ROLLOUT_LOG = "rollout_weights.jsonl"
 """``<run folder>/verl/rollout_weights.jsonl``: the cpu backend's weight updates of its server."""
+BATCHES_DIR = "batches"
+"""``<run folder>/verl/batches``: each step's batch (``engine.verl.dump_batches``)."""
 DATA_DIR = "data"
 """``<run folder>/verl/data``: the splits as verl reads them (``extra_info.tools_kwargs`` added)."""
 VERL_AGENT_LOOP = "tool_agent"
@@ -228,7 +230,11 @@ def verl_values(config: RunConfig, recipe: Recipe | None = None) -> dict[str, An
             # Written into the run folder with this config (write_side_files); not read here.
             _TURNS + "tool_config_path": str(folder / TOOLS_FILE),
             _ROLLOUT + "agent.agent_loop_config_path": str(folder / AGENT_LOOPS_FILE),
-            OUR_KEY: {**our_section(config), "data": {"train": train, "val": val}},
+            OUR_KEY: {
+                **our_section(config),
+                "data": {"train": train, "val": val},
+                "dump_dir": str(folder / BATCHES_DIR) if v.dump_batches else None,
+            },
             "data.train_files": str(folder / DATA_DIR / "train.parquet") if train else None,
             "data.val_files": str(folder / DATA_DIR / "val.parquet") if val else None,
             "data.seed": config.data.seed,

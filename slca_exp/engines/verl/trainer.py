@@ -16,18 +16,23 @@ overrides one step of the training loop, ``_compute_advantage``, and calls verl'
       verl's own estimator (grpo): its advantages read back -> the same per-segment stats
       reward_extra_info rows  ->  reward/* and judge/* metrics
     -> metrics (our names, ``slca_exp.tracking.names``) logged by verl's tracker at that step,
-       next to verl's own.
+       next to verl's own
+    -> with ``engine.verl.dump_batches``: the step's batch as the actor receives it
+       (advantages, masks, scores; :func:`dump_batch`) in ``<run folder>/verl/batches``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+from omegaconf import OmegaConf
 from verl.trainer.ppo.v1 import PPOTrainerSync, get_trainer_cls, register_trainer
 
+from slca_exp.engines.verl.config import OUR_KEY
 from slca_exp.engines.verl.estimators import NAMES, advantage_stats, mask_rule, segment_call
 from slca_exp.engines.verl.rewards import (
     NO_SUMMARY_KEY,
@@ -41,6 +46,8 @@ from slca_exp.estimators import RolloutScores
 
 TRAINER_MODE = "slca_sync"
 """``trainer.v1.trainer_mode`` of :class:`SLCATrainer`."""
+DUMP_KEY = f"{OUR_KEY}.dump_dir"
+"""Where each step's batch is written (:func:`dump_batch`); set by ``engine.verl.dump_batches``."""
 
 
 def batch_infos(extra_fields: Sequence[Any]) -> list[Mapping[str, Any]]:
@@ -112,6 +119,9 @@ class SLCATrainer(PPOTrainerSync):
         if self.config.algorithm.adv_estimator not in NAMES:  # verl's own: read its result back
             stats = self._advantage_stats(batch, no_summary)
         metrics.update(segment_metrics(infos, stats))
+        folder = OmegaConf.select(self.config, DUMP_KEY, default=None)
+        if folder:
+            dump_batch(batch, infos, Path(folder) / f"step_{self.global_steps}.pt")
         return batch
 
     def _advantage_stats(self, batch: Any, no_summary: Any) -> dict[str, float]:  # noqa: ANN401
@@ -125,6 +135,32 @@ class SLCATrainer(PPOTrainerSync):
         padded = data.to_padded_tensor()
         uid = np.array(padded.pop("uid").tolist(), dtype=object)
         return advantage_stats(padded["advantages"], padded["response_mask"], uid, no_summary)
+
+
+def dump_batch(batch: Any, infos: Sequence[Mapping[str, Any]], path: Path) -> Path:  # noqa: ANN401
+    """Write what the actor will train on at this step, as the trainer holds it.
+
+    ``torch.save`` of a dict: ``advantages``, ``response_mask`` and ``rm_scores`` ((B, T),
+    padded), ``uid`` (B group ids), and the reward side's ``reward_extra_info`` rows (``infos``),
+    in the batch's row order. Written to a temporary name first, then renamed.
+    """
+    import transfer_queue as tq
+
+    fields = ["advantages", "response_mask", "rm_scores", "uid"]
+    data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=fields)
+    padded = data.to_padded_tensor()
+    record = {
+        "advantages": padded["advantages"].detach().cpu(),
+        "response_mask": padded["response_mask"].detach().cpu(),
+        "rm_scores": padded["rm_scores"].detach().cpu(),
+        "uid": [str(u) for u in padded["uid"].tolist()],
+        "infos": [dict(info) for info in infos],
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    torch.save(record, tmp)
+    tmp.replace(path)
+    return path
 
 
 def registered() -> bool:

@@ -69,13 +69,17 @@ def verl_values(use_kl_loss: bool) -> dict[str, Any]:
         use_kl_loss: whether the actor has a KL loss (the reference model then runs).
 
     Returns:
-        verl key -> value: the ``hf`` rollout, float32 training, the GPU-only features off (padding removal, flash
-        attention, ``torch.compile``, gradient checkpointing, CUDA graphs).
+        verl key -> value: the ``hf`` rollout with its log-probs, float32 training, the
+        GPU-only features off (padding removal, flash attention, ``torch.compile``, gradient
+        checkpointing) and the Ray slots of a local cluster.
 
     """
     values: dict[str, Any] = {
         "trainer.device": "cpu",
         _ROLLOUT + "name": ROLLOUT,
+        # the server returns its log-probs: verl logs how far they are from the trainer's
+        # (training/rollout_probs_diff_*), the check that the server has the trainer's weights
+        _ROLLOUT + "calculate_log_probs": True,
         _ROLLOUT + "agent.num_workers": 1,
         _ACTOR + "use_torch_compile": False,
         _ACTOR + "fsdp_config.use_torch_compile": False,
