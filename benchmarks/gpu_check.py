@@ -1,6 +1,6 @@
 """GPU check: the local engine on one GPU, and our estimators against verl's GRPO on GPU tensors.
 
-Two parts, each printing a table (run it on a machine with a CUDA device; ``--device cpu``
+Three parts, each printing a table (run it on a machine with a CUDA device; ``--device cpu``
 runs the same code paths on CPU, smaller):
 
 1. Estimators on the device, side by side in this process, on verl-shaped batches (0-4 tool
@@ -20,13 +20,22 @@ runs the same code paths on CPU, smaller):
    tiny default on ``engine.device``: the per-phase time of an RL step read back from the run's
    MLflow metrics (``perf/time/*``, ``perf/step_s``), and the estimator's share of the step.
 
+3. ``verl-smoke``: ``experiment=verl_smoke`` through verl (SFT through verl's SFT trainer, then
+   SLCA-GRPO through its PPO trainer with slca-exp's trainer, reward manager, agent loop and
+   tools) with the cuda backend (vLLM rollout) on one GPU: the step time by verl phase, the
+   generated and trained tokens/s. What CI runs on CPU (``engine.verl.backend=cpu``) is the same
+   command with ``--device cpu``.
+
     python benchmarks/gpu_check.py [--device cuda] [--sizes 1024x4096x16,4096x4096x16]
         [--hidden 1024 --layers 8 --steps 6] [--skip-engine] [--allocator both|default|pinned]
+    python benchmarks/gpu_check.py verl-smoke [--device cuda] [--verl-steps 6]
+        [--verl-sft-steps 20] [--verl-batch 2]
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import statistics
 import subprocess
@@ -184,12 +193,84 @@ def engine(device: str, hidden: int, layers: int, steps: int, group: int) -> Non
         print(f"response tokens/s: {mean('perf/tokens_per_s'):,.0f}")
 
 
+def verl_smoke(backend: str, steps: int, sft_steps: int, batch: int, group: int) -> None:
+    """``experiment=verl_smoke`` through verl on ``backend``: step time and tokens/s by phase.
+
+    On a GPU (``cuda``: vLLM rollout, FSDP on one GPU) this is the smoke the CPU backend runs in
+    CI; ``--device cpu`` runs the same command on the ``cpu`` backend.
+    """
+    from mlflow.tracking import MlflowClient
+
+    with tempfile.TemporaryDirectory(prefix="slca-verl-smoke-") as tmp:
+        args = [
+            str(Path(sys.executable).parent / "slca-exp"),
+            "train",
+            "experiment=verl_smoke",
+            f"engine.verl.backend={backend}",
+            "engine.verl.n_gpus_per_node=1",
+            f"engine.verl.total_training_steps={steps}",
+            f"engine.verl.train_batch_size={batch}",
+            f"engine.verl.ppo_mini_batch_size={batch}",
+            f"algorithm.group_size={group}",
+            f"engine.sft.steps={max(1, sft_steps)}",
+            f"engine.sft.enabled={str(sft_steps > 0).lower()}",
+            f"tracking.root={tmp}",
+        ]
+        if backend == "cuda":  # one GPU shared by the trainer and vLLM
+            args += ["engine.verl.gpu_memory_utilization=0.4"]
+        print("$ " + " ".join(args[1:]), flush=True)
+        env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+        start = time.perf_counter()
+        res = subprocess.run(args, cwd=tmp, env=env, capture_output=True, text=True)
+        wall = time.perf_counter() - start
+        if res.returncode != 0:
+            raise SystemExit(f"slca-exp train failed ({res.returncode}):\n{res.stderr[-4000:]}")
+        client = MlflowClient(f"sqlite:///{tmp}/mlflow.db")
+        runs = [
+            r
+            for e in client.search_experiments()
+            for r in client.search_runs([e.experiment_id])
+            if r.data.tags.get("slca.stage") != "sft"
+        ]
+        (run,) = runs
+
+        def series(name: str) -> list[float]:
+            return [m.value for m in client.get_metric_history(run.info.run_id, name)]
+
+        def steady(name: str) -> float:
+            values = series(name)
+            return statistics.median(values[1:] or values) if values else math.nan
+
+        closing = [line for line in res.stdout.splitlines() if "verl run took" in line]
+        print(f"\nverl_smoke on the {backend} backend: group {group}, {batch} prompts/step, "
+              f"{steps} RL steps, SFT {sft_steps} steps; whole command {wall:.0f} s")  # fmt: skip
+        if closing:
+            print(closing[-1])
+        print(f"{'phase':<16} {'s/step':>8}   (median over steps 2..{steps}; step 1 apart)")
+        for phase in ("gen", "old_log_prob", "ref", "adv", "update_actor", "update_weights"):
+            print(f"{phase:<16} {steady(f'timing_s/{phase}'):>8.3f}")
+        first = series("timing_s/step")
+        print(f"{'step':<16} {steady('timing_s/step'):>8.3f}   step 1: {first[0]:.3f}")
+        generated = steady("response_length/mean") * batch * group
+        print(f"generated tokens/s (rollout, tool responses included): "
+              f"{generated / steady('timing_s/gen'):,.0f}")  # fmt: skip
+        print(f"trained tokens/s (verl's perf/throughput): {steady('perf/throughput'):,.0f}")
+
+
 PINNED_MALLOC = {"MALLOC_MMAP_THRESHOLD_": str(2**30), "MALLOC_TRIM_THRESHOLD_": str(2**31)}
 """glibc's thresholds pinned high: freed (B, T) outputs are reused, not handed back."""
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "command",
+        nargs="?",
+        choices=("all", "verl-smoke"),
+        default="all",
+        help="all: estimators then the local engine; verl-smoke: experiment=verl_smoke through "
+        "verl on --device (cuda: vLLM rollout on one GPU)",
+    )
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--sizes", default="1024x4096x16,4096x4096x16", help="BxTxgroup,...")
     parser.add_argument("--rounds", type=int, default=20)
@@ -204,7 +285,14 @@ def main() -> int:
         default="both",
         help="CPU only: default: as found; pinned: glibc thresholds pinned (a child process)",
     )
+    parser.add_argument("--verl-steps", type=int, default=6, help="verl-smoke: RL steps")
+    parser.add_argument("--verl-sft-steps", type=int, default=20, help="verl-smoke: SFT steps")
+    parser.add_argument("--verl-batch", type=int, default=2, help="verl-smoke: prompts per step")
     args = parser.parse_args()
+    if args.command == "verl-smoke":
+        backend = "cuda" if args.device.startswith("cuda") else "cpu"
+        verl_smoke(backend, args.verl_steps, args.verl_sft_steps, args.verl_batch, 4)
+        return 0
     device = torch.device(args.device)
     if device.type == "cuda":
         print(f"device: {torch.cuda.get_device_name(device)}")
