@@ -1,22 +1,41 @@
 """Vectorised per-group statistics: dense group ids, presence-filtered normalisation, stats.
 
 Group ids are mapped to dense integers once; per-group counts, sums and squared deviations are
-then ``index_add_`` scatters over the batch, so the cost is a handful of (B,) passes whatever the
-number of groups. Sums run in float64: the group means and unbiased stds are then exact to
-float32 precision, which is what the estimators return.
+then scatter-adds over the batch, so the cost is a handful of (B,) passes whatever the number of
+groups. Sums run in float64: the group means and unbiased stds are then exact to float32
+precision, which is what the estimators return.
+
+These are per-rollout vectors, so they are computed with numpy on the host
+(``slca_exp.estimators.host``). The scatter-adds (``np.bincount`` with weights) add in batch
+order, as ``torch.Tensor.index_add_`` does; the reductions whose order decides the last bit, and
+the square roots, run through torch: the values are bit for bit those of the same formulas on
+torch tensors.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Literal
 
 import numpy as np
 import torch
 
+from slca_exp.estimators.host import host
 from slca_exp.tracking import names
 
 GroupIds = torch.Tensor | np.ndarray | Sequence[object]
+
+_STAT_KEYS = [
+    [names.adv(segment, s) for s in names.ADV_STATS]
+    + [
+        names.present_frac(segment),
+        names.zeroed_group_frac(segment),
+        names.tokens_mean(segment),
+    ]
+    for segment in names.SEGMENTS
+]
+_BIG = float(np.finfo(np.float64).max)
 
 
 def dense_group_index(
@@ -38,27 +57,49 @@ def dense_group_index(
         ValueError: the labels are not one per rollout.
 
     """
+    codes, groups = dense_group_codes(group_ids, batch_size)
+    return torch.from_numpy(codes).to(device=device), groups
+
+
+def dense_group_codes(group_ids: GroupIds, batch_size: int) -> tuple[np.ndarray, int]:
+    """:func:`dense_group_index` as a (B,) int64 numpy array (what the estimators compute with).
+
+    Raises:
+        ValueError: the labels are not one per rollout.
+
+    """
     if isinstance(group_ids, torch.Tensor):
         labels = group_ids.detach()
         if labels.dim() != 1 or labels.shape[0] != batch_size:
             raise ValueError(_shape_message(tuple(labels.shape), batch_size))
         _, inverse = torch.unique(labels, sorted=True, return_inverse=True)
-        return inverse.to(device=device, dtype=torch.long), _num_groups(inverse)
+        return _counted(host(inverse))
     array = np.asarray(group_ids)
     if array.ndim != 1 or array.shape[0] != batch_size:
         raise ValueError(_shape_message(array.shape, batch_size))
     if array.dtype.kind in "biuf":
         _, inverse = torch.unique(torch.from_numpy(array), sorted=True, return_inverse=True)
-    else:
-        # Strings, uuids, mixed objects: compared by their string form (a fixed-width unicode
-        # array sorts in C, about twice as fast as sorting Python objects).
-        _, inverse_np = np.unique(array.astype(str), return_inverse=True)
-        inverse = torch.from_numpy(inverse_np.reshape(-1).astype(np.int64, copy=False))
-    return inverse.to(device=device, dtype=torch.long), _num_groups(inverse)
+        return _counted(inverse.numpy())
+    return _counted(_string_codes(array))
 
 
-def _num_groups(inverse: torch.Tensor) -> int:
-    return int(inverse.max().item()) + 1 if inverse.numel() else 0
+def _string_codes(array: np.ndarray) -> np.ndarray:
+    """Codes of labels compared by their string form.
+
+    Labels that are all ``str`` (uids) are numbered in order of first appearance (dict lookups
+    in C); anything else is turned into strings first and sorted.
+    """
+    labels = array.tolist()
+    first = dict.fromkeys(labels)
+    if all(type(label) is str for label in first):
+        number = {label: i for i, label in enumerate(first)}
+        return np.fromiter(map(number.__getitem__, labels), np.int64, len(labels))
+    return np.unique(array.astype(str), return_inverse=True)[1].reshape(-1)
+
+
+def _counted(codes: np.ndarray) -> tuple[np.ndarray, int]:
+    codes = codes.astype(np.int64, copy=False)
+    return codes, int(codes.max()) + 1 if codes.size else 0
 
 
 def _shape_message(shape: tuple[int, ...], batch_size: int) -> str:
@@ -68,7 +109,7 @@ def _shape_message(shape: tuple[int, ...], batch_size: int) -> str:
     )
 
 
-def as_scores(score: torch.Tensor | Sequence[float], batch_size: int, name: str) -> torch.Tensor:
+def as_scores(score: torch.Tensor | Sequence[float], batch_size: int, name: str) -> np.ndarray:
     """Return a (B,) float64 copy of a score vector, checking its shape.
 
     Raises:
@@ -81,22 +122,22 @@ def as_scores(score: torch.Tensor | Sequence[float], batch_size: int, name: str)
             f"{name} must hold one score per rollout, shape ({batch_size},); got "
             f"{tuple(t.shape)}. Reduce token-level rewards to one scalar per rollout first."
         )
-    return t.to(torch.float64)
+    return host(t.to(torch.float64))
 
 
 SmallGroup = Literal["zero", "passthrough"]
 
 
 def group_normalize(
-    scores: torch.Tensor,
-    present: torch.Tensor,
-    index: torch.Tensor,
+    scores: np.ndarray,
+    present: np.ndarray,
+    index: np.ndarray,
     num_groups: int,
     *,
     norm_by_std: bool,
     eps: float,
     small_group: SmallGroup | Sequence[SmallGroup],
-) -> torch.Tensor:
+) -> np.ndarray:
     """Normalise scores within each group over its present members only.
 
     Several score vectors (one per segment) are normalised in one pass: row s of ``scores`` uses
@@ -119,28 +160,44 @@ def group_normalize(
     """
     segments, batch = scores.shape
     rules = [small_group] * segments if isinstance(small_group, str) else list(small_group)
-    passthrough = torch.tensor([r == "passthrough" for r in rules], device=scores.device)
-    flat = (index + num_groups * torch.arange(segments, device=index.device).unsqueeze(1)).view(-1)
-    weight = present.to(torch.float64).view(-1)
-    values = torch.where(present, scores, 0.0).view(-1)
-    count = torch.zeros(segments * num_groups, dtype=torch.float64, device=scores.device)
-    count.index_add_(0, flat, weight)
-    mean = torch.zeros_like(count).index_add_(0, flat, values) / count.clamp_min(1.0)
-    deviation = (values - mean[flat]) * weight
-    sq = torch.zeros_like(count).index_add_(0, flat, deviation * deviation)
-    std = (sq / (count - 1.0).clamp_min(1.0)).sqrt()[flat]
+    passthrough = np.array([[r == "passthrough"] for r in rules])
+    flat = (index + num_groups * np.arange(segments).reshape(-1, 1)).reshape(-1)
+    size = segments * num_groups
+    weight = present.astype(np.float64).reshape(-1)
+    with np.errstate(all="ignore"):  # overflowing or absent scores are handled explicitly
+        values = np.where(present, scores, 0.0).reshape(-1)
+        count = _scatter_add(flat, weight, size)
+        mean = _scatter_add(flat, values, size) / np.maximum(count, 1.0)
+        deviation = (values - mean[flat]) * weight
+        sq = _scatter_add(flat, deviation * deviation, size)
+        small = (count < 2)[flat].reshape(segments, batch)
+        silenced = ~present
+        if passthrough.any():
+            keep_raw = (small & passthrough).reshape(-1)
+            deviation = np.where(keep_raw, values, deviation)
+            silenced |= small & ~passthrough
+        else:
+            keep_raw = None
+            silenced |= small
+        if norm_by_std:
+            std = _sqrt(sq / np.maximum(count - 1.0, 1.0))[flat]
+            denom = (std if keep_raw is None else np.where(keep_raw, 1.0, std)) + eps
+            adv = np.where(denom > 0, deviation / denom, 0.0)
+        else:
+            adv = deviation
+    return finite(np.where(silenced.reshape(-1), 0.0, adv)).reshape(segments, batch)
 
-    small = (count[flat] < 2).view(segments, batch)
-    keep_raw = (small & passthrough.unsqueeze(1)).view(-1)
-    deviation = torch.where(keep_raw, values, deviation)
-    if norm_by_std:
-        denom = torch.where(keep_raw, 1.0, std) + eps
-        adv = torch.where(denom > 0, deviation / denom, 0.0)
-    else:
-        adv = deviation
-    silenced = (small & ~passthrough.unsqueeze(1)) | ~present
-    adv = torch.where(silenced.view(-1), 0.0, adv)
-    return torch.nan_to_num(adv, nan=0.0).view(segments, batch)
+
+def finite(values: np.ndarray) -> np.ndarray:
+    """``values`` with NaN as 0 and infinities as the largest finite floats (``nan_to_num``)."""
+    if np.isfinite(values).all():  # the usual case, without nan_to_num's own overhead
+        return values
+    return np.nan_to_num(values, nan=0.0)
+
+
+def _scatter_add(index: np.ndarray, values: np.ndarray, size: int) -> np.ndarray:
+    """(size,) float64 sums of ``values`` by ``index``, added in order (as ``index_add_`` does)."""
+    return np.bincount(index, weights=values, minlength=size).astype(np.float64, copy=False)
 
 
 def check_hparams(*, eps: float, **weights: float) -> None:
@@ -150,19 +207,19 @@ def check_hparams(*, eps: float, **weights: float) -> None:
         ValueError: ``eps`` is negative or not finite, or a weight is not finite.
 
     """
-    if not (np.isfinite(eps) and eps >= 0):
+    if not (math.isfinite(eps) and eps >= 0):
         raise ValueError(f"eps must be a finite number >= 0 (1e-6 is the usual value), got {eps}")
     for key, value in weights.items():
-        if not np.isfinite(value):
+        if not math.isfinite(value):
             raise ValueError(f"{key} must be a finite number, got {value}")
 
 
 def segment_stats(
-    adv: torch.Tensor,
-    present: torch.Tensor,
-    has_segment: torch.Tensor,
-    tokens: torch.Tensor,
-    index: torch.Tensor,
+    adv: torch.Tensor | np.ndarray,
+    present: torch.Tensor | np.ndarray,
+    has_segment: torch.Tensor | np.ndarray,
+    tokens: torch.Tensor | np.ndarray | Sequence[int],
+    index: torch.Tensor | np.ndarray,
     num_groups: int,
 ) -> dict[str, float]:
     """The per-segment metrics of one estimator call, for the tool and the summary segment.
@@ -180,45 +237,54 @@ def segment_stats(
         ``zeroed_group_frac`` and ``tokens/mean``; every value finite (0 when nothing is present).
 
     """
-    adv = adv.to(torch.float64)
+    adv = host(adv).astype(np.float64)
+    present, has_segment = host(present), host(has_segment)
     batch = adv.shape[1]
-    p = present.to(torch.float64)
-    n = p.sum(dim=1)
-    nf = n.clamp_min(1.0)
-    mean = (adv * p).sum(dim=1) / nf
-    var = (((adv - mean.unsqueeze(1)) * p) ** 2).sum(dim=1) / (nf - 1.0).clamp_min(1.0)
-    big = torch.finfo(torch.float64).max
+    p = present.astype(np.float64)
+    n = p.sum(axis=1)
+    nf = np.maximum(n, 1.0)
+    with np.errstate(all="ignore"):  # infinite advantages saturate below
+        sums = _row_sums(np.concatenate([adv * p, np.abs(adv) * p]))
+        mean, abs_mean = sums[:2] / nf, sums[2:] / nf
+        var = _row_sums(((adv - mean.reshape(-1, 1)) * p) ** 2) / np.maximum(nf - 1.0, 1.0)
+        std = np.where(n > 1, _sqrt(var), 0.0)
     if batch:
-        lo = torch.where(present, adv, big).amin(dim=1)
-        hi = torch.where(present, adv, -big).amax(dim=1)
+        lo = np.where(present, adv, _BIG).min(axis=1)
+        hi = np.where(present, adv, -_BIG).max(axis=1)
     else:
-        lo = hi = torch.zeros(2, dtype=torch.float64)
-    token_mean = tokens.to(torch.float64) / has_segment.sum(dim=1).clamp_min(1)
-    flat = (index + num_groups * torch.arange(2, device=index.device).unsqueeze(1)).view(-1)
-    signal = torch.zeros(2 * num_groups, dtype=torch.float64, device=adv.device)
-    signal.index_add_(0, flat, ((adv != 0) & present).to(torch.float64).view(-1))
-    zeroed = (signal.view(2, -1) == 0).to(torch.float64).mean(dim=1) if num_groups else n * 0
+        lo = hi = np.zeros(2)
+    tokens = np.array([int(t) for t in tokens], dtype=np.float64)
+    token_mean = tokens / np.maximum(has_segment.sum(axis=1), 1)
+    flat = (host(index) + num_groups * np.arange(2).reshape(-1, 1)).reshape(-1)
+    signals = ((adv != 0) & present).astype(np.float64).reshape(-1)
+    signal = _scatter_add(flat, signals, 2 * num_groups)
+    zeroed = (signal.reshape(2, -1) == 0).mean(axis=1) if num_groups else n * 0
     some = n > 0
-    columns = torch.stack(
+    columns = np.stack(
         [
             mean,
-            torch.where(n > 1, var.sqrt(), 0.0),
-            (adv.abs() * p).sum(dim=1) / nf,
-            torch.where(some, lo, 0.0),
-            torch.where(some, hi, 0.0),
-            p.mean(dim=1) if batch else n * 0,
+            std,
+            abs_mean,
+            np.where(some, lo, 0.0),
+            np.where(some, hi, 0.0),
+            n / batch if batch else n * 0,
             zeroed,
             token_mean,
         ],
-        dim=1,
+        axis=1,
     )
-    values = torch.nan_to_num(columns, nan=0.0, posinf=big, neginf=-big).tolist()
+    values = finite(columns).tolist()
     stats: dict[str, float] = {}
-    for segment, row in zip(names.SEGMENTS, values, strict=True):
-        keys = [names.adv(segment, s) for s in names.ADV_STATS] + [
-            names.present_frac(segment),
-            names.zeroed_group_frac(segment),
-            names.tokens_mean(segment),
-        ]
+    for keys, row in zip(_STAT_KEYS, values, strict=True):
         stats.update(zip(keys, row, strict=True))
     return stats
+
+
+def _row_sums(rows: np.ndarray) -> np.ndarray:
+    """Row sums as ``torch.sum`` computes them (the order of a float reduction is part of it)."""
+    return torch.from_numpy(np.ascontiguousarray(rows)).sum(dim=1).numpy()
+
+
+def _sqrt(values: np.ndarray) -> np.ndarray:
+    """Square roots as ``torch.sqrt`` computes them (its CPU kernel can round the last bit off)."""
+    return torch.from_numpy(values).sqrt().numpy()

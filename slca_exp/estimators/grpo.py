@@ -9,15 +9,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 
 from slca_exp.estimators.group import (
     GroupIds,
     as_scores,
     check_hparams,
-    dense_group_index,
+    dense_group_codes,
     group_normalize,
 )
+from slca_exp.estimators.host import host
 from slca_exp.estimators.routing import route
 from slca_exp.estimators.segments import split_segments
 from slca_exp.estimators.types import SegmentAdvantages
@@ -48,10 +50,10 @@ def grpo_advantages(
     check_hparams(eps=eps)
     split = split_segments(response_mask)
     batch = split.mask.shape[0]
-    values = as_scores(score, batch, "score").to(split.mask.device)
-    index, groups = dense_group_index(group_ids, batch, split.mask.device)
-    present = torch.isfinite(values)
+    values = as_scores(score, batch, "score").reshape(1, -1)
+    index, groups = dense_group_codes(group_ids, batch)
+    present = np.isfinite(values)
     kw = {"norm_by_std": norm_by_std, "eps": eps, "small_group": "passthrough"}
-    adv = group_normalize(values.unsqueeze(0), present.unsqueeze(0), index, groups, **kw)
-    both = torch.stack([split.has_tool, split.has_summary]) & present
-    return route(split, adv.expand(2, -1), both, index, groups)
+    adv = group_normalize(values, present, index, groups, **kw)
+    both = np.stack([host(split.has_tool), host(split.has_summary)]) & present
+    return route(split, np.broadcast_to(adv, (2, batch)), both, index, groups)

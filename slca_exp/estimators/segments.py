@@ -17,15 +17,23 @@ only (B, T/8) temporaries: at B=1024, T=4096 the estimator is bound by memory tr
 from __future__ import annotations
 
 import sys
-from functools import cached_property
+from collections.abc import Callable
+from functools import cache, cached_property
 
+import numpy as np
 import torch
+
+from slca_exp.estimators.host import host
 
 _WORD = 8  # bool tokens per int64 word
 # Powers of 256 below 2**63: a word whose bytes are 0/1 is >= 256**j iff a byte >= j is set.
-_BYTE_STEPS = [256**j for j in range(1, _WORD)]
-# word * _BYTE_SUM has the sum of the word's bytes in its top byte (bytes are 0/1, sums <= 8).
-_BYTE_SUM = 0x0101010101010101
+_BYTE_STEPS = np.array([256**j for j in range(1, _WORD)])
+# Words summed as plain int64s: each byte is a count of at most this many tokens, so no byte
+# carries into the next.
+_BYTE_MAX = 255
+_EVEN_BYTES = 0x00FF00FF00FF00FF
+# x * _LANE_SUM has the sum of x's four 16-bit lanes in its top lane (each lane <= 2 * 255).
+_LANE_SUM = 0x0001000100010001
 
 
 class SegmentSplit:
@@ -41,7 +49,8 @@ class SegmentSplit:
         summary_len: (B,) int64 number of summary tokens.
         has_tool: (B,) bool, rollouts with at least one tool token.
         has_summary: (B,) bool, rollouts with at least one summary token.
-        tool_tokens: () int64 number of tool tokens in the batch.
+        tool_tokens: () int64 number of tool tokens in the batch (only the metrics need it: it
+            may be handed over as a function, counted on first access).
         summary_tokens: () int64 number of summary tokens in the batch.
 
     """
@@ -52,15 +61,22 @@ class SegmentSplit:
         summary_start: torch.Tensor,
         summary_len: torch.Tensor,
         has_tool: torch.Tensor,
-        tool_tokens: torch.Tensor,
+        tool_tokens: torch.Tensor | Callable[[], torch.Tensor],
     ) -> None:
         self.mask = mask
         self.summary_start = summary_start
         self.summary_len = summary_len
         self.has_tool = has_tool
         self.has_summary = summary_len > 0
-        self.tool_tokens = tool_tokens
+        self._tool_tokens = tool_tokens
         self.summary_tokens = summary_len.sum()
+
+    @property
+    def tool_tokens(self) -> torch.Tensor:
+        """() int64 number of tool tokens in the batch."""
+        if callable(self._tool_tokens):
+            self._tool_tokens = self._tool_tokens()
+        return self._tool_tokens
 
     @cached_property
     def in_summary_span(self) -> torch.Tensor:
@@ -94,12 +110,13 @@ class SegmentSplit:
                 f"got {tuple(rows.shape)}"
             )
         moved = torch.where(rows, self.summary_len, 0)
+        more = moved.sum()
         return SegmentSplit(
             self.mask,
             torch.where(rows, self.mask.shape[1], self.summary_start),
             self.summary_len - moved,
             self.has_tool | (rows & (self.summary_len > 0)),
-            self.tool_tokens + moved.sum(),
+            lambda: self.tool_tokens + more,
         )
 
 
@@ -173,20 +190,34 @@ def _set_index(bits: torch.Tensor, nonzero: torch.Tensor | None, *, last: bool) 
     if nonzero is None:
         nonzero = words.bool()  # a cast: several times faster than `words != 0`
     n = words.shape[1]
-    dtype = _index_dtype(n)
     if last:  # the largest position among non-zero words
-        word_index = (nonzero * torch.arange(n, dtype=dtype, device=bits.device)).amax(dim=1)
-        word_index = word_index.long()
+        word_index = (nonzero * _positions(n, bits.device)).amax(dim=1).long()
     else:  # the smallest one, as the largest reversed position
-        reverse = torch.arange(n, 0, -1, dtype=dtype, device=bits.device)
+        reverse = _positions(n, bits.device, reverse=True)
         word_index = (n - (nonzero * reverse).amax(dim=1).long()).clamp_max(n - 1)
     word = words.gather(1, word_index.unsqueeze(1)).squeeze(1)  # 0 when the row has no True
-    # Bytes are 0/1: the highest set byte k of a word is the number of powers 256**j (j >= 1) it
-    # reaches; for the lowest, apply the same count to its lowest set bit, 256**k.
+    index = _byte_index(host(word_index), host(word), last=last)
+    return torch.from_numpy(index).to(bits.device)
+
+
+def _byte_index(word_index: np.ndarray, word: np.ndarray, *, last: bool) -> np.ndarray:
+    """Token index of the last (first) set byte of ``word``, the ``word_index``-th; -1 if none.
+
+    Bytes are 0/1: the highest set byte k of a word is the number of powers 256**j (j >= 1) it
+    reaches; for the lowest, apply the same count to its lowest set bit, 256**k.
+    """
     probe = word if last else word & -word
-    steps = torch.tensor(_BYTE_STEPS, device=bits.device)
-    byte = (probe.unsqueeze(1) >= steps).sum(dim=1)
-    return torch.where(word != 0, word_index * _WORD + byte, -1)
+    byte = (probe.reshape(-1, 1) >= _BYTE_STEPS).sum(axis=1)
+    return np.where(word != 0, word_index * _WORD + byte, -1)
+
+
+@cache
+def _positions(n: int, device: torch.device, *, reverse: bool = False) -> torch.Tensor:
+    """(n,) word positions 0..n-1 (n..1 reversed) in the narrowest dtype holding them."""
+    dtype = _index_dtype(n)
+    if reverse:
+        return torch.arange(n, 0, -1, dtype=dtype, device=device)
+    return torch.arange(n, dtype=dtype, device=device)
 
 
 def _index_dtype(n: int) -> torch.dtype:
@@ -195,12 +226,28 @@ def _index_dtype(n: int) -> torch.dtype:
 
 
 def row_counts(bits: torch.Tensor) -> torch.Tensor:
-    """(B,) int64 number of True in each row of a word-aligned (B, Tp) bool, 8 per multiply."""
+    """(B,) int64 number of True in each row of a word-aligned (B, Tp) bool.
+
+    The row's int64 words are summed as integers, at most 255 at a time: each byte of such a sum
+    counts the tokens at one place in the words, no byte overflowing into the next. The eight
+    byte counts of a sum are then added with two masks, a shift and one multiply.
+    """
     if sys.byteorder != "little":
         return torch.count_nonzero(bits, dim=1)
+    return torch.from_numpy(_row_counts(bits)).to(bits.device)
+
+
+def _row_counts(bits: torch.Tensor) -> np.ndarray:
+    """:func:`row_counts` as a (B,) int64 numpy array (little-endian byte order)."""
     words = bits.view(torch.int64)
-    # Wrapping int64 multiply: the top byte collects the byte sum, nothing carries into it.
-    return (words * _BYTE_SUM).bitwise_right_shift_(56).sum(dim=1)
+    n = words.shape[1]
+    if n <= _BYTE_MAX:
+        bytes_ = host(words.sum(dim=1, keepdim=True))
+    else:
+        parts = [words[:, i : i + _BYTE_MAX].sum(dim=1) for i in range(0, n, _BYTE_MAX)]
+        bytes_ = host(torch.stack(parts, dim=1))
+    lanes = (bytes_ & _EVEN_BYTES) + ((bytes_ >> 8) & _EVEN_BYTES)
+    return ((lanes * _LANE_SUM) >> 48).sum(axis=1)
 
 
 def suffix_masks(start: torch.Tensor, length: int) -> torch.Tensor:
@@ -243,21 +290,62 @@ def split_segments(response_mask: torch.Tensor | SegmentSplit) -> SegmentSplit:
     starts = torch.empty_like(mask)
     starts[:, :1] = mask[:, :1]
     torch.gt(mask[:, 1:], mask[:, :-1], out=starts[:, 1:])
-    last_start = last_set_index(starts)
+    if sys.byteorder != "little":
+        last_start = host(last_set_index(starts))
+        last_one = host(last_set_index(mask))
+        first_one = host(first_set_index(mask))
+    else:
+        last_start, last_one, first_one = _run_ends(starts, mask)
     del starts  # freed before the next allocations: a smaller peak, fewer fresh pages
-    last_one = last_set_index(mask)
-    ones = row_counts(mask)  # on the word-aligned mask, before trimming the padding
 
     # The summary is the last run, so its length follows from its two ends; a rollout has a tool
-    # segment when it has learnable tokens outside that run.
-    summary_len = torch.where(last_one >= 0, last_one - last_start + 1, 0)
-    has_tool = ones > summary_len
+    # segment when it has a learnable token before that run.
+    summary_len = np.where(last_one >= 0, last_one - last_start + 1, 0)
+    has_tool = (first_one >= 0) & (first_one < last_start)
+    device = mask.device
+    summary_tokens = int(summary_len.sum())
+
+    def tool_tokens() -> torch.Tensor:  # on the word-aligned mask, before trimming the padding
+        return row_counts(mask).sum() - summary_tokens
+
     return SegmentSplit(
         mask[:, :length],
-        last_start.clamp_min(0),
-        summary_len,
-        has_tool,
-        ones.sum() - summary_len.sum(),
+        torch.from_numpy(np.maximum(last_start, 0)).to(device),
+        torch.from_numpy(summary_len).to(device),
+        torch.from_numpy(has_tool).to(device),
+        tool_tokens,
+    )
+
+
+def _run_ends(starts: torch.Tensor, mask: torch.Tensor) -> tuple[np.ndarray, ...]:
+    """Last run start, last and first learnable token of word-aligned (B, Tp) bools (numpy).
+
+    :func:`last_set_index` of ``starts`` and ``mask`` and :func:`first_set_index` of ``mask``,
+    with one cast of the mask's words and one trip to the host.
+    """
+    n = mask.shape[1] // _WORD
+    starts_words, words = starts.view(torch.int64), mask.view(torch.int64)
+    nonzero = words.bool()
+    last = _positions(n, mask.device)
+    found = [
+        (starts_words.bool() * last).amax(dim=1).long(),
+        (nonzero * last).amax(dim=1).long(),
+        (n - (nonzero * _positions(n, mask.device, reverse=True)).amax(dim=1).long()).clamp_max(
+            n - 1
+        ),
+    ]
+    index = torch.stack(found)
+    word = torch.stack(
+        [
+            w.gather(1, i.unsqueeze(1)).squeeze(1)
+            for w, i in zip((starts_words, words, words), found, strict=True)
+        ]
+    )
+    index, word = host(index), host(word)
+    return (
+        _byte_index(index[0], word[0], last=True),
+        _byte_index(index[1], word[1], last=True),
+        _byte_index(index[2], word[2], last=False),
     )
 
 

@@ -14,15 +14,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 
 from slca_exp.estimators.group import (
     GroupIds,
     as_scores,
     check_hparams,
-    dense_group_index,
+    dense_group_codes,
     group_normalize,
 )
+from slca_exp.estimators.host import host
 from slca_exp.estimators.routing import route
 from slca_exp.estimators.segments import split_segments
 from slca_exp.estimators.types import SegmentAdvantages
@@ -65,17 +67,16 @@ def slca_grpo_advantages(
     check_hparams(eps=eps, tool_weight=tool_weight, summary_weight=summary_weight)
     split = split_segments(response_mask)
     batch = split.mask.shape[0]
-    device = split.mask.device
-    scores = torch.stack(
+    scores = np.stack(
         [
             as_scores(tool_score, batch, "tool_score"),
             as_scores(summary_score, batch, "summary_score"),
         ]
-    ).to(device)
-    index, groups = dense_group_index(group_ids, batch, device)
-    present = torch.stack([split.has_tool, split.has_summary]) & torch.isfinite(scores)
+    )
+    index, groups = dense_group_codes(group_ids, batch)
+    has = np.stack([host(split.has_tool), host(split.has_summary)])
+    present = has & np.isfinite(scores)
     adv = group_normalize(
         scores, present, index, groups, norm_by_std=norm_by_std, eps=eps, small_group="zero"
     )
-    weights = torch.tensor([[tool_weight], [summary_weight]], dtype=adv.dtype, device=device)
-    return route(split, adv * weights, present, index, groups)
+    return route(split, adv * np.array([[tool_weight], [summary_weight]]), present, index, groups)

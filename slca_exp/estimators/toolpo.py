@@ -9,15 +9,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 
 from slca_exp.estimators.group import (
     GroupIds,
     as_scores,
     check_hparams,
-    dense_group_index,
+    dense_group_codes,
     group_normalize,
 )
+from slca_exp.estimators.host import host
 from slca_exp.estimators.routing import route
 from slca_exp.estimators.segments import split_segments
 from slca_exp.estimators.types import SegmentAdvantages
@@ -52,25 +54,23 @@ def toolpo_grpo_advantages(
     check_hparams(eps=eps, toolpo_lambda=toolpo_lambda)
     split = split_segments(response_mask)
     batch = split.mask.shape[0]
-    device = split.mask.device
-    scores = torch.stack(
+    scores = np.stack(
         [as_scores(total_score, batch, "total_score"), as_scores(tool_score, batch, "tool_score")]
-    ).to(device)
-    index, groups = dense_group_index(group_ids, batch, device)
-    finite = torch.isfinite(scores)
-    total_present, tool_present = finite[0], finite[1] & split.has_tool
+    )
+    index, groups = dense_group_codes(group_ids, batch)
+    finite = np.isfinite(scores)
+    has_tool, has_summary = host(split.has_tool), host(split.has_summary)
+    total_present, tool_present = finite[0], finite[1] & has_tool
     # A_global follows verl's GRPO (singletons pass through); A_tool SLCA's guard.
     a_global, a_tool = group_normalize(
         scores,
-        torch.stack([total_present, tool_present]),
+        np.stack([total_present, tool_present]),
         index,
         groups,
         norm_by_std=norm_by_std,
         eps=eps,
         small_group=("passthrough", "zero"),
     )
-    present = torch.stack(
-        [(total_present | tool_present) & split.has_tool, total_present & split.has_summary]
-    )
-    adv = torch.stack([a_global + toolpo_lambda * a_tool, a_global])
+    present = np.stack([(total_present | tool_present) & has_tool, total_present & has_summary])
+    adv = np.stack([a_global + toolpo_lambda * a_tool, a_global])
     return route(split, adv, present, index, groups)

@@ -6,6 +6,8 @@ groups (rollouts of one prompt share a group id, verl's ``uid``).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from slca_exp.estimators.segments import SegmentSplit
@@ -19,6 +21,8 @@ class SegmentAdvantages:
         tool_adv: (B,) float32 advantage each rollout's tool tokens receive (0 when it has none).
         summary_adv: (B,) float32 advantage each rollout's summary tokens receive (0 when none).
         stats: metric name -> value, named as in ``slca_exp.tracking.names``; always finite.
+            Computed on first access: a caller that does not read them (verl's advantage step;
+            slca-exp's trainer reads them after it) does not pay for them.
         tool_mask: (B, T) bool, the tool segment (every learnable run but the last); built on
             first access.
         summary_mask: (B, T) bool, the summary segment (the last learnable run); built on first
@@ -32,13 +36,20 @@ class SegmentAdvantages:
         tool_adv: torch.Tensor,
         summary_adv: torch.Tensor,
         split: SegmentSplit,
-        stats: dict[str, float],
+        stats: dict[str, float] | Callable[[], dict[str, float]],
     ) -> None:
         self.advantages = advantages
         self.tool_adv = tool_adv
         self.summary_adv = summary_adv
-        self.stats = stats
+        self._stats = stats
         self._split = split
+
+    @property
+    def stats(self) -> dict[str, float]:
+        """Metric name -> value (computed on first access)."""
+        if callable(self._stats):
+            self._stats = self._stats()
+        return self._stats
 
     @property
     def tool_mask(self) -> torch.Tensor:

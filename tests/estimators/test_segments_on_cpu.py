@@ -4,7 +4,12 @@ import pytest
 import torch
 
 from slca_exp.estimators import segment_masks
-from slca_exp.estimators.segments import first_set_index, last_set_index, split_segments
+from slca_exp.estimators.segments import (
+    first_set_index,
+    last_set_index,
+    row_counts,
+    split_segments,
+)
 from tests.estimators.reference import reference_segment_masks
 
 
@@ -99,3 +104,23 @@ def test_word_reductions_match_the_plain_ones(monkeypatch):
     plain = (last_set_index(bits), first_set_index(bits))
     assert torch.equal(fast[0], plain[0]) and torch.equal(fast[1], plain[1])
     assert fast[0][0] == -1 and fast[1][0] == -1
+
+
+@pytest.mark.parametrize("length", [8, 2040, 2048, 4096, 10000])
+def test_row_counts_match_count_nonzero(length, monkeypatch):
+    gen = torch.Generator().manual_seed(length)
+    density = torch.tensor([[0.0], [0.1], [0.5], [0.9], [1.0], [1.0]])
+    bits = torch.rand(6, length, generator=gen) < density
+    fast = row_counts(bits)  # word sums of at most 255 words: one sum or several per row
+    monkeypatch.setattr(sys, "byteorder", "big")  # forces the portable path
+    assert torch.equal(fast, bits.sum(dim=1)) and torch.equal(row_counts(bits), fast)
+
+
+def test_long_rows_match_reference():
+    gen = torch.Generator().manual_seed(5)
+    raw = torch.rand(5, 5003, generator=gen) < torch.tensor([[0.002], [0.3], [0.97], [1], [0]])
+    split = split_segments(raw)
+    ref_tool, ref_summary = reference_segment_masks(raw)
+    assert torch.equal(split.tool_mask, ref_tool) and torch.equal(split.summary_mask, ref_summary)
+    assert int(split.tool_tokens) == int(ref_tool.sum())
+    assert split.has_tool.tolist() == ref_tool.any(dim=1).tolist()

@@ -175,3 +175,12 @@ def test_shape_mismatches_are_refused_with_the_fix():
         slca([TWO_SEGMENTS] * 2, [0, 0], [0.0], [0.0, 1.0])
     with pytest.raises(ValueError, match="one label per rollout"):
         slca([TWO_SEGMENTS] * 2, [0], [0.0, 1.0], [0.0, 1.0])
+
+
+def test_stats_are_read_off_what_the_call_returned_whenever_they_are_read():
+    args = ([TWO_SEGMENTS] * 3, [0] * 3, [0.0, 0.5, 1.0], [1.0, 0.5, 0.0])
+    out = slca(*args)
+    out.tool_adv.mul_(10.0)  # the caller owns the vectors it got back
+    out.summary_adv.zero_()
+    assert out.stats == slca(*args).stats
+    assert out.stats is out.stats  # computed once

@@ -38,14 +38,19 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
 from slca_exp.engines.verl.scores import segment_scores
-from slca_exp.estimators import EstimatorParams, RolloutScores, get_estimator
+from slca_exp.estimators import (
+    EstimatorParams,
+    RolloutScores,
+    SegmentAdvantages,
+    get_estimator,
+)
 from slca_exp.estimators.group import dense_group_index, segment_stats
 from slca_exp.estimators.segments import SegmentSplit, split_segments
 
@@ -70,7 +75,7 @@ class SegmentCall:
         reported: the reward side's (tool, summary, total) of each rollout, (B,) each: the
             estimator's total is this weighted total (plus the KL of every response token under
             ``use_kl_in_reward``); ``None``: R_tool + R_sum.
-        stats: filled by the adapter: the estimator's per-segment metrics (our names).
+        result: filled by the adapter: what the estimator returned.
         scores: filled by the adapter: the per-rollout scores it used.
 
     """
@@ -78,8 +83,13 @@ class SegmentCall:
     no_summary: Any = None
     absent_summary: Any = None
     reported: RolloutScores | None = None
-    stats: dict[str, float] = field(default_factory=dict)
+    result: SegmentAdvantages | None = None
     scores: RolloutScores | None = None
+
+    @property
+    def stats(self) -> dict[str, float]:
+        """The estimator's per-segment metrics (our names), computed when first read."""
+        return {} if self.result is None else dict(self.result.stats)
 
 
 _CALL: ContextVar[SegmentCall | None] = ContextVar("slca_segment_call", default=None)
@@ -113,8 +123,12 @@ def params_from(config: Any) -> EstimatorParams:  # noqa: ANN401 - DictConfig, A
     ``algorithm.slca`` holds the :class:`EstimatorParams` fields; ``norm_by_std`` falls back to
     verl's ``norm_adv_by_std_in_grpo`` when ``algorithm.slca`` does not set it.
     """
-    ours: Mapping[str, Any] = _get(config, PARAMS_KEY) or {}
-    values = dict(ours)
+    return _params(config, _get(config, PARAMS_KEY))
+
+
+def _params(config: Any, ours: Mapping[str, Any] | None) -> EstimatorParams:  # noqa: ANN401
+    """:func:`params_from`, ``algorithm.slca`` already read (reading a DictConfig is slow)."""
+    values = dict(ours or {})
     if "norm_by_std" not in values:
         verl_norm = _get(config, "norm_adv_by_std_in_grpo")
         if verl_norm is not None:
@@ -139,16 +153,17 @@ def verl_estimator(name: str):  # noqa: ANN201 - verl's estimator signature
                 "them as `index` when the batch has a `uid` column"
             )
         call = _CALL.get()
-        split = _split(response_mask, config, call, name)
+        ours = _get(config, PARAMS_KEY)
+        split = _split(response_mask, _mask_rule(ours), call, name)
         scores = segment_scores(token_level_rewards, split)
         if call is not None and call.reported is not None:
             kl = bool(_get(config, "use_kl_in_reward"))
             scores = _reported_total(scores, split, call.reported, token_level_rewards.dtype, kl)
         if call is not None and call.absent_summary is not None:
             scores = _absent(scores, call.absent_summary)
-        result = estimator(split, index, scores, params_from(config))
+        result = estimator(split, index, scores, _params(config, ours))
         if call is not None:
-            call.stats, call.scores = dict(result.stats), scores
+            call.result, call.scores = result, scores
         dtype = token_level_rewards.dtype
         return result.advantages.to(dtype), result.returns.to(dtype)
 
@@ -238,7 +253,12 @@ def advantage_stats(
 
 def mask_rule(config: Any) -> str:  # noqa: ANN401
     """``algorithm.slca.mask_rule`` (``parity`` when unset); an unknown rule is an error."""
-    rule = _get(_get(config, PARAMS_KEY), "mask_rule") or "parity"
+    return _mask_rule(_get(config, PARAMS_KEY))
+
+
+def _mask_rule(ours: Any) -> str:  # noqa: ANN401 - algorithm.slca
+    """:func:`mask_rule`, ``algorithm.slca`` already read."""
+    rule = _get(ours, "mask_rule") or "parity"
     if rule not in MASK_RULES:
         raise ValueError(
             f"algorithm.{PARAMS_KEY}.mask_rule={rule!r} is not a mask rule; use one of "
@@ -248,14 +268,11 @@ def mask_rule(config: Any) -> str:  # noqa: ANN401
 
 
 def _split(
-    response_mask: torch.Tensor,
-    config: Any,  # noqa: ANN401
-    call: SegmentCall | None,
-    name: str,
+    response_mask: torch.Tensor, rule: str, call: SegmentCall | None, name: str
 ) -> SegmentSplit:
-    """The batch's segments under the configured mask rule."""
+    """The batch's segments under the mask rule ``rule``."""
     split = split_segments(response_mask)
-    if mask_rule(config) == "parity":
+    if rule == "parity":
         return split
     if call is None or call.no_summary is None:
         raise RuntimeError(

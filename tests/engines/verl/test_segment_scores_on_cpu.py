@@ -30,10 +30,19 @@ from verl.trainer.ppo.ray_trainer import apply_kl_penalty  # noqa: E402
 from verl.trainer.ppo.v1.utils import compute_advantage_for_multi_trajectories  # noqa: E402
 
 from slca_exp.engines.verl import plugin, scores  # noqa: E402, F401 - registers the estimators
-from slca_exp.engines.verl.estimators import segment_call, segment_scores  # noqa: E402
+from slca_exp.engines.verl.estimators import (  # noqa: E402
+    segment_call,
+    segment_scores,
+    verl_estimator,
+)
 from slca_exp.engines.verl.rewards import place_segment_scores  # noqa: E402
-from slca_exp.estimators import RolloutScores, toolpo_grpo_advantages  # noqa: E402
+from slca_exp.estimators import (  # noqa: E402
+    RolloutScores,
+    slca_grpo_advantages,
+    toolpo_grpo_advantages,
+)
 from slca_exp.estimators.segments import split_segments  # noqa: E402
+from slca_exp.tracking import names  # noqa: E402
 
 JUDGE = [0.0, 0.25, 0.5, 0.75, 1.0, -0.5]  # the 5-label judge, and the no-call penalty
 TOOL = [0.0, 0.1, 0.2, 0.25, 0.6, 1.0, 1 / 3]
@@ -319,3 +328,68 @@ def test_the_total_is_the_reward_sides_weighted_total_plus_the_kl_in_the_rewards
             data, batch_keys=[f"{u}_{i}_0" for i, u in enumerate(uids)],
             adv_estimator="toolpo_grpo", config=config,
         )  # fmt: skip
+
+
+def test_the_call_carries_the_estimators_metrics_of_the_scores_it_used():
+    mask = torch.tensor([[1, 0, 1, 1], [1, 1, 0, 1], [0, 0, 1, 1], [1, 0, 1, 0]])
+    rows = zip(mask, [0.1, 0.3, 0.0, 0.7], [1.0, 0.25, 0.5, 0.0], strict=True)
+    rm = torch.stack([place_segment_scores(m, t, s) for m, t, s in rows])
+    uids = np.array(["p", "p", "q", "q"], dtype=object)
+    with segment_call() as call:
+        advantages, _ = verl_estimator("slca_grpo")(rm, mask, None, uids)
+    expected = slca_grpo_advantages(mask, uids, call.scores.tool, call.scores.summary)
+    assert torch.equal(advantages, expected.advantages)
+    assert call.stats == expected.stats and set(call.stats) == set(names.ESTIMATOR_STATS)
+
+
+SPARSE_VALUES = st.sampled_from([0.5, -0.25, 1 / 3, 3e38, -3e38, 1e-30, -0.0, math.nan, math.inf])
+
+
+@st.composite
+def sparse_batches(draw):
+    """A response mask, and rewards zero but for a few tokens anywhere (in segments or not)."""
+    mask, _ = draw(dense_batches())
+    b, width = mask.shape
+    rewards = torch.zeros(b, width)
+    for _ in range(draw(st.integers(0, 3 * b))):
+        row, col = draw(st.integers(0, b - 1)), draw(st.integers(0, width - 1))
+        rewards[row, col] = draw(SPARSE_VALUES)
+    return mask, rewards, draw(st.sampled_from([torch.float32, torch.bfloat16, torch.float64]))
+
+
+def blocked(rewards, split):
+    return scores.tool_sums(rewards, split), scores.run_sums(
+        rewards, split.summary_start, split.summary_len
+    )
+
+
+def same_floats(a, b):
+    return torch.equal(a.isnan(), b.isnan()) and torch.equal(a.nan_to_num(7.0), b.nan_to_num(7.0))
+
+
+@settings(max_examples=150, deadline=None)
+@given(batch=sparse_batches(), chunk=st.sampled_from([1, 4, 64]))
+def test_sparse_rewards_sum_to_the_blocked_sums_floats(batch, chunk):
+    mask, rewards, dtype = batch
+    rewards = rewards.to(dtype)
+    split = split_segments(mask)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(scores, "CHUNK", chunk)  # chunks of one token, or straddling rows
+        found = scores.sparse_sums(rewards, split)
+        got = scores.segment_sums(rewards, split)
+    expected = blocked(rewards, split)
+    assert same_floats(got[0], expected[0]) and same_floats(got[1], expected[1])
+    if found is not None:  # the scan's own sums, where it did not hand a segment on
+        tool, summary, tool_rest, summary_rest = found
+        assert same_floats(tool[~torch.from_numpy(tool_rest)], expected[0][~tool_rest])
+        assert same_floats(summary[~torch.from_numpy(summary_rest)], expected[1][~summary_rest])
+
+
+def test_the_reward_sides_layout_is_read_as_sparse_and_kl_as_dense():
+    mask = torch.tensor([[1, 1, 0, 1, 1, 1, 0], [1, 0, 0, 0, 1, 1, 1]])
+    rm = torch.stack([place_segment_scores(m, 0.3, 0.75) for m in mask])
+    split = split_segments(mask)
+    found = scores.sparse_sums(rm, split)
+    assert found is not None and not found[2].any() and not found[3].any()
+    assert found[0].tolist() == pytest.approx([0.3, 0.3]) and found[1].tolist() == [0.75, 0.75]
+    assert scores.sparse_sums(rm - 0.01 * mask, split) is None  # KL on every token
