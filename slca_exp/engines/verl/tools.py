@@ -7,6 +7,9 @@ the ``BaseTool`` registered under each call's name, listed in a tool-config YAML
     split rows -> their tool schemas (``reward_model.ground_truth.tool_schemas``), one per name
     -> :func:`tool_config`: one ``SimulatedTool`` entry per tool, with the simulator config
     -> verl's ``initialize_tools_from_config`` builds them in every rollout worker
+    -> per row, its own tools in its own order (:func:`tool_selection`, which verl's loop reads
+       from ``extra_info.tool_selection``): the prompt lists them as the local engine's does,
+       and a call of any other tool is refused by verl's loop, as the local engine refuses it
     -> per call: ``create(create_kwargs=...)`` with the row's context (:func:`tools_kwargs`:
        the question and the recorded responses, which verl's dataset reads from
        ``extra_info.tools_kwargs``) -> ``execute`` -> our simulator (replay or SGLS, with its
@@ -118,12 +121,26 @@ def tools_kwargs(row: Mapping[str, Any], tool_names: Iterable[str] | None = None
     return {name: {"create_kwargs": dict(context)} for name in names}
 
 
-def verl_rows(rows: Iterable[Mapping[str, Any]], tool_names: Iterable[str]) -> list[dict[str, Any]]:
-    """``rows`` as verl's dataset reads them: ``extra_info.tools_kwargs`` added to each.
+def tool_selection(row: Mapping[str, Any]) -> list[str]:
+    """The names of the row's own tool schemas, in the row's order (``extra_info.tool_selection``).
 
-    Every row names every tool of ``tool_names`` (the split's), each with the row's context:
-    one parquet schema then fits all rows, and a call of a tool the row does not allow is still
-    answered (the reward, not the tool, judges which tools a row allows).
+    verl's tool agent loop shows the prompt only these tools, in this order, and answers calls
+    of these only (any other name gets verl's unknown-function message), as the local engine
+    renders and answers a row's ``tool_schemas``. Without it every prompt would list every tool
+    of the split, sorted by name. An empty list (a row without schemas) is read by verl as
+    "every tool".
+    """
+    raw = row["reward_model"]["ground_truth"].get("tool_schemas") or "[]"
+    schemas = json.loads(raw) if isinstance(raw, str) else list(raw)
+    return [str(schema["function"]["name"]) for schema in schemas]
+
+
+def verl_rows(rows: Iterable[Mapping[str, Any]], tool_names: Iterable[str]) -> list[dict[str, Any]]:
+    """``rows`` as verl's dataset reads them: ``extra_info.tools_kwargs`` and ``tool_selection``.
+
+    Every row names every tool of ``tool_names`` (the split's) in its ``tools_kwargs``, each with
+    the row's context, so one parquet schema fits all rows; ``tool_selection`` (the row's own
+    tools, :func:`tool_selection`) decides which of them its prompt lists and its calls reach.
     """
     names = sorted(tool_names)
     return [
@@ -132,6 +149,7 @@ def verl_rows(rows: Iterable[Mapping[str, Any]], tool_names: Iterable[str]) -> l
             "extra_info": {
                 **(row.get("extra_info") or {}),
                 "tools_kwargs": tools_kwargs(row, names),
+                "tool_selection": tool_selection(row),
             },
         }
         for row in rows
