@@ -64,7 +64,8 @@ def run(cfg: DictConfig) -> object:
     The run ends FINISHED, FAILED (the engine raised) or KILLED (SIGTERM, Ctrl-C); never RUNNING.
     In a multi-task submitit job every task prepares the job, then boots a Ray node
     (:mod:`slca_exp.launch.cluster`); rank 0 runs the engine on the cluster, the other ranks
-    serve until it is done. A failure on any rank fails the job, naming that rank's log.
+    serve until it is done. A failure on any rank fails the job, naming that rank's log. An
+    engine that runs on Ray (``ray_node``) gets the job's own Ray node in a one-task job too.
     """
     from slca_exp.launch.task import TaskInfo
 
@@ -79,11 +80,16 @@ def run(cfg: DictConfig) -> object:
 
             report_failure(task, exc)
         raise
+    config, engine, _ = prepared
+    ray_node = getattr(engine, "ray_node", None)  # what each Ray node of the job declares
+    resources = ray_node(config) if callable(ray_node) else None
+    if task is None and resources is not None:
+        task = TaskInfo.from_env(one_task=True)  # a one-task submitit job: one Ray node
     if task is None:
         return _run_prepared(cfg, *prepared)
     from slca_exp.launch.cluster import serve
 
-    return serve(task, lambda _cluster: _run_prepared(cfg, *prepared))
+    return serve(task, lambda _cluster: _run_prepared(cfg, *prepared), resources=resources)
 
 
 def _run_prepared(

@@ -5,7 +5,9 @@ validated config, found before anything starts (``slca_exp.train.prepare`` calls
 that checkpoints has ``resume_ids(config)`` (the tracker run ids an interrupted run of this exact
 config logged to, or ``None``) and ``remember_run_ids(config, ids)``, called as soon as the
 trackers' runs are open, before any signal can stop the job: a job requeued at any moment
-continues the same runs.
+continues the same runs. An engine that runs on Ray has ``ray_node(config)``, the
+``slca_exp.launch.task.NodeResources`` each Ray node of its job declares: its submitit jobs,
+one-task ones included, boot their own Ray cluster (``slca_exp.launch.cluster``).
 
 Built-in engines are registered here behind a small proxy that imports their module on first
 use, so that composing and validating a recipe never pays for importing transformers. Plugins

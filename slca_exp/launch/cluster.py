@@ -1,4 +1,4 @@
-"""Ray inside a multi-task submitit job: every task boots a Ray node, rank 0 runs the engine.
+"""Ray inside a submitit job: every task boots a Ray node, rank 0 runs the engine.
 
 A submitit job with N tasks (``launcher.nodes`` x ``launcher.tasks_per_node``) runs the same
 function in every task (SLURM's ``srun``). :func:`serve` turns those N processes into one Ray
@@ -6,7 +6,10 @@ cluster for the engine, which finds it through ``RAY_ADDRESS`` (verl's ``ray.ini
 
 1. :meth:`TaskInfo.from_env` reads the task's place in the job from SLURM's variables (or those
    of submitit's local executor); it is ``None`` outside a submitit job and in a one-task job,
-   where there is nothing to boot.
+   where there is nothing to boot, unless the engine runs on Ray: its one-task jobs boot a
+   one-node cluster the same way (``one_task``), with the slots the engine asks for
+   (:class:`~slca_exp.launch.task.NodeResources`), so that SLURM's signals meet a cluster
+   that knows them (below) instead of a Ray the engine would start on its own.
 2. Rank 0 starts the head, ``ray start --head --block``, with the ports of :class:`Ports`
    (derived from the job id and the local rank) and a temp dir of its own, and writes the
    head's address into the rendezvous folder (``<submitit folder>/ray-<job id>``, shared by
@@ -34,7 +37,11 @@ use it; a token another Ray left in ``~/.ray/auth_token`` does not get in the wa
 Stopping: each ``ray start`` runs under a supervisor (:mod:`slca_exp.launch.supervise`) that
 stops exactly its node's processes when asked or when the task dies; never ``ray stop``, which
 stops every Ray node of the host. SIGTERM in the task raises
-:class:`~slca_exp.tracking.base.RunKilled`, so the nodes are stopped on the way out.
+:class:`~slca_exp.tracking.base.RunKilled`, so the nodes are stopped on the way out. SLURM
+signals every process of the job: the nodes' processes do not act on SIGTERM (the task stops
+them once its runs are closed: a Ray driver whose raylet is gone exits on the spot) and ignore
+the time-limit signal (their processes would die of it), which rank 0 passes to the engine
+(:mod:`slca_exp.launch.requeue`).
 """
 
 from __future__ import annotations
@@ -57,6 +64,7 @@ from typing import Any, TypeVar
 from slca_exp.launch import supervise
 from slca_exp.launch.task import (
     ClusterError,
+    NodeResources,
     Ports,
     TaskInfo,
     affinity_cpus,
@@ -165,6 +173,7 @@ def serve(
     *,
     join_timeout_s: float = 300.0,
     temp_root: str | Path | None = None,
+    resources: NodeResources | None = None,
 ) -> T | None:
     """Boot this task's Ray node; on rank 0 run ``main`` on the whole cluster, then stop it.
 
@@ -175,6 +184,7 @@ def serve(
         join_timeout_s: how long rank 0 waits for the other nodes once its own is up (the
             workers wait as long, plus the head's start, for the head).
         temp_root: where the nodes' temp dirs go (:func:`default_temp_root` when ``None``).
+        resources: the slots the engine asks of every node (the task's own when ``None``).
 
     Returns:
         ``main``'s result on rank 0; ``None`` on the other ranks, once the head is done.
@@ -186,10 +196,11 @@ def serve(
 
     """
     temp_dir = temp_dir_of(task, temp_root)
+    resources = NodeResources() if resources is None else resources
     with _sigterm_raises():
         if task.rank == 0:
-            return _serve_head(task, main, join_timeout_s, temp_dir)
-        _serve_worker(task, join_timeout_s, temp_dir)
+            return _serve_head(task, main, join_timeout_s, temp_dir, resources)
+        _serve_worker(task, join_timeout_s, temp_dir, resources)
         return None
 
 
@@ -197,7 +208,11 @@ def serve(
 
 
 def _serve_head(
-    task: TaskInfo, main: Callable[[ClusterInfo], T], join_timeout_s: float, temp_dir: Path
+    task: TaskInfo,
+    main: Callable[[ClusterInfo], T],
+    join_timeout_s: float,
+    temp_dir: Path,
+    resources: NodeResources,
 ) -> T:
     rendezvous = task.rendezvous
     node: _RayNode | None = None
@@ -212,7 +227,7 @@ def _serve_head(
         ip = get_node_ip_address()
         ports = Ports.for_node(task.job_id, task.local_rank)
         address = f"{ip}:{ports.gcs}"
-        node = _RayNode.start(task, ports, ip, temp_dir, head_address=None)
+        node = _RayNode.start(task, ports, ip, temp_dir, head_address=None, resources=resources)
         _wait_until(
             lambda: _tcp_open(ip, ports.gcs),
             START_TIMEOUT_S,
@@ -279,6 +294,12 @@ def _use_token(token: str) -> None:
     """Make this process and its children (Ray nodes, drivers) use the cluster's token."""
     os.environ["RAY_AUTH_MODE"] = "token"
     os.environ["RAY_AUTH_TOKEN"] = token
+    raylet = sys.modules.get("ray._raylet")
+    if raylet is not None:
+        # Ray reads its settings once, when it is imported (the verl engine's checks import
+        # it before the cluster boots): have it read them again, or its driver sends no token.
+        raylet.Config.initialize("")
+        raylet.AuthenticationTokenLoader.instance().reset_cache()
 
 
 def _wait_for_nodes(task: TaskInfo, node: _RayNode, join_timeout_s: float) -> list[dict]:
@@ -386,7 +407,9 @@ def _disconnect_driver() -> None:
 # -- rank k > 0 -----------------------------------------------------------------------------
 
 
-def _serve_worker(task: TaskInfo, join_timeout_s: float, temp_dir: Path) -> None:
+def _serve_worker(
+    task: TaskInfo, join_timeout_s: float, temp_dir: Path, resources: NodeResources
+) -> None:
     rendezvous = task.rendezvous
     node: _RayNode | None = None
     left_cleanly = False
@@ -407,7 +430,7 @@ def _serve_worker(task: TaskInfo, join_timeout_s: float, temp_dir: Path) -> None
         )
         ports = Ports.for_node(task.job_id, task.local_rank)
         ip = _ip_towards(head_ip)
-        node = _RayNode.start(task, ports, ip, temp_dir, head_address=address)
+        node = _RayNode.start(task, ports, ip, temp_dir, head_address=address, resources=resources)
         _wait_until(
             lambda: _tcp_open(ip, ports.node_manager),
             START_TIMEOUT_S,
@@ -593,8 +616,10 @@ class _RayNode:
         temp_dir: Path,
         *,
         head_address: str | None,
+        resources: NodeResources | None = None,
     ) -> _RayNode:
         head = head_address is None
+        resources = NodeResources() if resources is None else resources
         if len(str(temp_dir)) > SOCKET_DIR_MAX:
             raise ClusterError(
                 f"the Ray temp dir {temp_dir} is longer than {SOCKET_DIR_MAX} characters: "
@@ -616,7 +641,7 @@ class _RayNode:
             "--block",
             f"--node-ip-address={ip}",
             f"--temp-dir={temp_dir}",
-            f"--num-cpus={task.cpus or affinity_cpus()}",
+            f"--num-cpus={max(task.cpus or affinity_cpus(), resources.num_cpus or 0)}",
             "--disable-usage-stats",
             "--log-style=record",
             "--log-color=false",
@@ -629,6 +654,8 @@ class _RayNode:
         env["RAY_USAGE_STATS_ENABLED"] = "0"
         env[supervise.NODE_MARKER] = str(temp_dir)  # inherited by every process of the node
         num_gpus, visible = gpu_share(os.environ, task.tasks_per_node, task.local_rank)
+        if resources.num_gpus is not None:
+            num_gpus = resources.num_gpus
         if num_gpus is not None:
             cmd.append(f"--num-gpus={num_gpus}")
         if visible is not None:
@@ -655,11 +682,11 @@ class _RayNode:
             raise ClusterError(f"{self.what} exited with status {code}; see {self.log}")
 
     def stop(self, *, remove_temp_dir: bool = False) -> None:
-        """Have the supervisor stop the node; SIGKILL whatever is left after a grace period."""
+        """Have the supervisor stop the node; SIGKILL whatever is left after a while."""
         with contextlib.suppress(ProcessLookupError):
-            self.proc.send_signal(signal.SIGTERM)
+            self.proc.send_signal(supervise.STOP_SIGNAL)
         try:
-            self.proc.wait(timeout=supervise.STOP_GRACE_S + 5)
+            self.proc.wait(timeout=supervise.STOP_TIMEOUT_S)
         except subprocess.TimeoutExpired:
             supervise.signal_group(self.proc.pid, signal.SIGKILL)
             with contextlib.suppress(subprocess.TimeoutExpired):

@@ -2,10 +2,21 @@
 
 ``slca_exp.launch.cluster`` starts each ``ray start --block`` as
 ``python -m slca_exp.launch.supervise <temp dir> <ray start command...>``, the leader of a
-session of its own (:func:`supervise`). The supervisor gets SIGTERM when its task dies (Linux
-``PR_SET_PDEATHSIG``, :func:`die_with_parent`) and then stops exactly its node: its process
-group, then the processes marked with :data:`NODE_MARKER` that left it. Never ``ray stop``: it
-stops every Ray node of the host, the other ranks' and other users'.
+session of its own (:func:`supervise`). The supervisor gets :data:`STOP_SIGNAL` when its task
+asks or dies (Linux ``PR_SET_PDEATHSIG``, :func:`die_with_parent`) and then stops exactly its
+node: its process group, then the processes marked with :data:`NODE_MARKER` that left it. Never
+``ray stop``: it stops every Ray node of the host, the other ranks' and other users'.
+
+SLURM signals every process of a job, not only the task's: the node's processes must outlive
+the signals until the task has closed its runs.
+
+- SIGTERM (``scancel``, a requeue, the end of the job): Ray's processes would stop at once, and
+  a Ray driver whose local raylet is gone exits on the spot (the task's own process, verl's
+  driver: its runs would stay RUNNING). The node's processes start with SIGTERM blocked (a
+  blocked signal stays blocked across ``fork`` and ``exec``); the task stops the node once its
+  runs are closed, and the supervisor itself after :data:`TERM_GRACE_S` at the latest.
+- The time-limit signal (submitit's, USR2 by default): its default action ends a process; the
+  supervisor and the node's processes ignore it. The task's rank 0 acts on it for the job.
 """
 
 from __future__ import annotations
@@ -19,8 +30,15 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-STOP_GRACE_S = 15.0
-"""SIGTERM to a node's process group, then SIGKILL after this many seconds."""
+STOP_SIGNAL = signal.SIGHUP
+"""What stops a supervisor's node: sent by its task (``slca_exp.launch.cluster``), or by the
+kernel when the task dies (:func:`die_with_parent`). SIGINT does too."""
+STOP_TIMEOUT_S = 10.0
+"""How long a task waits for its supervisor to stop the node before it kills what is left."""
+TERM_GRACE_S = 20.0
+"""After SIGTERM, how long the supervisor waits for its task to stop the node (having closed
+its runs) before it stops it itself: under SLURM's ``KillWait`` (30 s by default), after which
+SLURM kills every process of the job."""
 
 
 NODE_MARKER = "SLCA_RAY_NODE"
@@ -67,64 +85,77 @@ def supervise(argv: Sequence[str]) -> int:
     """Run ``ray start --block`` and stop every process of its node when asked or orphaned.
 
     ``python -m slca_exp.launch.supervise <temp dir> <ray start command...>``, started by
-    ``slca_exp.launch.cluster`` as the leader of a new session. SIGTERM, SIGINT or the death of
-    the task (``PR_SET_PDEATHSIG``, or a new parent) stops the node: SIGTERM to the whole group
-    (the processes Ray starts stay in it), SIGKILL after :data:`STOP_GRACE_S`, then the
-    node's processes that left the group. Also stops the rest of the node when ``ray start``
-    exits by itself, with its status.
+    ``slca_exp.launch.cluster`` as the leader of a new session. :data:`STOP_SIGNAL` (or SIGINT)
+    or the death of the task (``PR_SET_PDEATHSIG``, or a new parent) stops the node at once;
+    SIGTERM stops it after :data:`TERM_GRACE_S` unless the task stops it first. Stopping is
+    SIGKILL to the whole group (the processes Ray starts stay in it; SIGTERM is blocked in
+    them), then to the node's processes that left the group. Also stops the rest of the node
+    when ``ray start`` exits by itself, with its status.
     """
     temp_dir, cmd = argv[0], list(argv[1:])
     parent = os.getppid()
     asked: list[int] = []
+    terminated: list[float] = []
 
-    def on_signal(signum: int, frame: object) -> None:
+    def on_stop(signum: int, frame: object) -> None:
         asked.append(signum)
 
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(sig, on_signal)
-    child = subprocess.Popen(cmd)
+    def on_term(signum: int, frame: object) -> None:
+        terminated.append(time.monotonic())
+
+    handled = (STOP_SIGNAL, signal.SIGINT, signal.SIGTERM)
+    signal.signal(STOP_SIGNAL, on_stop)
+    signal.signal(signal.SIGINT, on_stop)
+    signal.signal(signal.SIGTERM, on_term)
+    ignore_time_limit_signal(keep=handled)  # before Popen: the node's processes inherit it
+    child = subprocess.Popen(cmd, preexec_fn=_block_sigterm)
     while child.poll() is None and not asked and os.getppid() == parent:
+        if terminated and time.monotonic() - terminated[0] > TERM_GRACE_S:
+            break
         time.sleep(0.1)
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+    for sig in handled:
         signal.signal(sig, signal.SIG_IGN)
     me = os.getpid()
-    group = os.getpgrp()
-    # The GCS last: the other processes report to it on their way out (the raylet unregisters,
-    # the autoscaler's monitor posts an error) and would wait for it for seconds.
-    last = {child.pid, me} | {p for p in _group_members(group) if _cmdline_has(p, b"gcs_server")}
-    for pid in _group_members(group):
-        if pid not in last:
-            with contextlib.suppress(OSError):
-                os.kill(pid, signal.SIGTERM)
-    _wait_for_group(group, keep=last, timeout_s=STOP_GRACE_S / 2)
-    signal_group(group, signal.SIGTERM)  # ignored by this process
-    _wait_for_group(group, keep={me}, timeout_s=STOP_GRACE_S / 2)
-    for pid in _group_members(group):
+    for pid in _group_members(os.getpgrp()):
         if pid != me:
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
     kill_node_processes(temp_dir, exclude=(me,))
     with contextlib.suppress(subprocess.TimeoutExpired):
         child.wait(timeout=5)
-    return 0 if asked else (child.returncode or 0)
+    return 0 if asked or terminated else (child.returncode or 0)
 
 
-def _wait_for_group(group: int, keep: set[int], timeout_s: float) -> None:
-    """Wait until the live processes of ``group`` are all in ``keep`` (at most ``timeout_s``)."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and set(_group_members(group)) - keep:
-        time.sleep(0.05)
+def _block_sigterm() -> None:
+    """A ``preexec_fn``: the node's processes never act on SIGTERM (they inherit the mask)."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
 
 
-def _cmdline_has(pid: int, text: bytes) -> bool:
-    try:
-        return text in Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return False
+def ignore_time_limit_signal(keep: tuple[signal.Signals, ...] = ()) -> signal.Signals | None:
+    """Ignore SLURM's time-limit signal in this process and in what it starts from now on.
+
+    An ignored signal stays ignored across ``exec``: Ray's processes (raylet, GCS, workers)
+    install no handler for it and would otherwise die of it.
+
+    Args:
+        keep: signals this process handles itself; left alone if the time-limit signal is one
+            of them (``SUBMITIT_PREEMPT_SIGNAL=TERM``).
+
+    Returns:
+        The signal now ignored, or ``None``.
+
+    """
+    from slca_exp.tracking.base import preempt_signal
+
+    signum = preempt_signal()
+    if signum in keep:
+        return None
+    signal.signal(signum, signal.SIG_IGN)
+    return signum
 
 
 def die_with_parent() -> Callable[[], None] | None:
-    """A ``preexec_fn`` that has the child get SIGTERM when this process dies (Linux)."""
+    """A ``preexec_fn`` that has the child get :data:`STOP_SIGNAL` when this process dies."""
     if not sys.platform.startswith("linux"):
         return None
     import ctypes
@@ -136,9 +167,9 @@ def die_with_parent() -> Callable[[], None] | None:
     parent = os.getpid()
 
     def preexec() -> None:
-        prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG
+        prctl(1, int(STOP_SIGNAL))  # PR_SET_PDEATHSIG
         if os.getppid() != parent:  # the parent died before prctl
-            os.kill(os.getpid(), signal.SIGTERM)
+            os.kill(os.getpid(), STOP_SIGNAL)
 
     return preexec
 

@@ -1,11 +1,11 @@
-"""One task of a multi-task submitit job: its place in the job, its Ray ports, its resources.
+"""One task of a submitit job: its place in the job, its Ray ports, its resources.
 
 :meth:`TaskInfo.from_env` reads what SLURM (or submitit's local executor) tells the task:
 rank, local rank, hosts, the shared submitit folder and its log file, CPUs and memory.
 :class:`Ports` derives the ports of the task's Ray node from the job id alone, so every task
 knows the head's address port without asking. The resource helpers size the task's Ray node
-(CPUs, object store, its share of the host's GPUs). :mod:`slca_exp.launch.cluster` boots the
-cluster from these.
+(CPUs, object store, its share of the host's GPUs), and :class:`NodeResources` is what an
+engine adds to them. :mod:`slca_exp.launch.cluster` boots the cluster from these.
 """
 
 from __future__ import annotations
@@ -89,15 +89,21 @@ class TaskInfo:
     ``SLURM_MEM_PER_CPU`` x cpus), when known."""
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None) -> TaskInfo | None:
+    def from_env(
+        cls, environ: Mapping[str, str] | None = None, *, one_task: bool = False
+    ) -> TaskInfo | None:
         """Read the task from submitit's and SLURM's environment variables.
 
         Args:
             environ: the variables; ``os.environ`` when ``None``.
+            one_task: also read the task of a one-task job: an engine that runs on Ray
+                (:class:`NodeResources`) gets the job's own Ray node there too, instead of a
+                Ray of its own that knows nothing of SLURM's signals.
 
         Returns:
             The task, or ``None`` outside a submitit job (no ``SUBMITIT_EXECUTOR`` of
-            ``slurm`` or ``local``) and in a one-task job (there is no cluster to boot).
+            ``slurm`` or ``local``) and, unless ``one_task``, in a one-task job (there is no
+            cluster to boot).
 
         Raises:
             ClusterError: a multi-task job without ``SUBMITIT_FOLDER`` (no shared folder to meet
@@ -111,7 +117,7 @@ class TaskInfo:
             return None
         try:
             world_size = env_int(env, names["num_tasks"]) or 1
-            if world_size <= 1:
+            if world_size <= 1 and not one_task:
                 return None
             rank = env_int(env, names["global_rank"]) or 0
             local_rank = env_int(env, names["local_rank"]) or 0
@@ -157,6 +163,21 @@ class TaskInfo:
     def log_of(self, rank: int) -> str:
         """The log file of task ``rank`` of this job (see :func:`log_path`)."""
         return log_path(self.folder, self.job_id, rank)
+
+
+@dataclass(frozen=True)
+class NodeResources:
+    """What an engine asks of every Ray node of its job (the engine's ``ray_node(config)``).
+
+    ``None`` leaves a resource as the task has it: its CPUs, its share of the host's GPUs.
+    """
+
+    num_cpus: int | None = None
+    """CPU slots the node declares at least (logical ones when the engine's actors mostly
+    wait, as verl's do on the cpu backend); more when the task has more CPUs."""
+    num_gpus: int | None = None
+    """GPU slots the node declares (logical ones on a CPU host: verl's resource pools ask Ray
+    for GPUs only); ``None``: the task's share of the host's GPUs (:func:`gpu_share`)."""
 
 
 @dataclass(frozen=True)

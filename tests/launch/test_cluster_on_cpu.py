@@ -31,30 +31,45 @@ from slca_exp.launch.task import (
 )
 
 TASK_SCRIPT = """
-import dataclasses, json, os, sys
+import dataclasses, json, os, signal, sys, time
 from slca_exp.launch.cluster import report_failure, serve
-from slca_exp.launch.task import TaskInfo
+from slca_exp.launch.supervise import node_processes
+from slca_exp.launch.task import NodeResources, TaskInfo
 
 mode, join_timeout_s, temp_root = sys.argv[1], float(sys.argv[2]), sys.argv[3]
-task = TaskInfo.from_env()
+task = TaskInfo.from_env(one_task=mode == "slurm_signals")
 assert task is not None
+if mode == "slurm_signals":
+    import ray  # as the verl engine's checks do, before the cluster (and its token) exists
 
 def main(info):
+    extra = {}
     if mode == "sigterm":  # like scancel: SIGTERM while the engine runs
-        import signal, time
-
         os.kill(os.getpid(), signal.SIGTERM)
         time.sleep(60)
+    if mode == "slurm_signals":  # SLURM signals every process of the job: the time limit,
+        signalled = node_processes(info.nodes[0].temp_dir)  # then scancel
+        for signum in (signal.SIGUSR2, signal.SIGTERM):
+            for pid in signalled:
+                os.kill(pid, signum)
+        time.sleep(3)
+        extra["signalled"] = len(signalled)
+        extra["survivors"] = len(set(signalled) & set(node_processes(info.nodes[0].temp_dir)))
     import ray
 
     ray.init()  # joins through RAY_ADDRESS, like verl; serve closes the connection
     seen = sum(1 for n in ray.nodes() if n["Alive"])
+    if mode == "slurm_signals":  # the node still runs work, on the GPU slots it declares
+        on_gpu = ray.remote(num_gpus=1)(lambda: "ran on a GPU slot")
+        extra["ran"] = ray.get(on_gpu.remote())
+        extra["resources"] = ray.cluster_resources()
     return {
         "address": info.address,
         "ray_address": os.environ.get("RAY_ADDRESS"),
         "seen_by_ray_init": seen,
         "auth_mode": os.environ.get("RAY_AUTH_MODE"),
         "nodes": [dataclasses.asdict(n) for n in info.nodes],
+        **extra,
     }
 
 if mode == "report" and task.rank == 1:
@@ -63,7 +78,9 @@ if mode == "report" and task.rank == 1:
     except ValueError as exc:
         report_failure(task, exc)
         raise
-result = serve(task, main, join_timeout_s=join_timeout_s, temp_root=temp_root)
+# the verl engine's cpu backend asks for logical slots: 16 CPUs, a GPU per trainer worker
+resources = NodeResources(num_cpus=16, num_gpus=2) if mode == "slurm_signals" else None
+result = serve(task, main, join_timeout_s=join_timeout_s, temp_root=temp_root, resources=resources)
 after = os.environ.get("RAY_ADDRESS")
 leftover = [name for name in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN") if name in os.environ]
 print(json.dumps({"rank": task.rank, "result": result, "ray_address": after, "auth": leftover}))
@@ -102,7 +119,7 @@ class Job:
         return env
 
     def task(self, rank: int) -> TaskInfo:
-        task = TaskInfo.from_env(self.env(rank))
+        task = TaskInfo.from_env(self.env(rank), one_task=self.world_size == 1)
         assert task is not None
         return task
 
@@ -213,9 +230,13 @@ def test_from_env_is_none_outside_a_submitit_job_and_for_a_single_task(tmp_path)
     assert TaskInfo.from_env({}) is None
     slurm_only = {"SLURM_JOB_ID": "7", "SLURM_NTASKS": "2", "SLURM_PROCID": "1"}
     assert TaskInfo.from_env(slurm_only) is None
+    assert TaskInfo.from_env(slurm_only, one_task=True) is None  # still no submitit job
     one_task = {**slurm_only, "SUBMITIT_EXECUTOR": "slurm", "SUBMITIT_FOLDER": str(tmp_path)}
     assert TaskInfo.from_env({**one_task, "SLURM_NTASKS": "1"}) is None
     assert TaskInfo.from_env(one_task) is not None
+    # an engine that runs on Ray asks for the task of a one-task job too
+    alone = TaskInfo.from_env({**one_task, "SLURM_NTASKS": "1", "SLURM_PROCID": "0"}, one_task=True)
+    assert (alone.rank, alone.world_size, alone.rendezvous) == (0, 1, tmp_path / "ray-7")
     with pytest.raises(ClusterError, match="SUBMITIT_FOLDER"):
         TaskInfo.from_env({**slurm_only, "SUBMITIT_EXECUTOR": "slurm"})
 
@@ -405,6 +426,31 @@ def test_sigterm_on_rank_0_while_main_runs_stops_every_node(job):
     assert {"head.failed", "rank1.left"} <= {p.name for p in job.task(0).rendezvous.iterdir()}
     assert job.leftovers() == []
     assert not _gcs_answers(job)
+
+
+def test_a_one_task_job_gets_the_engines_slots_and_its_node_outlives_slurms_signals(tmp_path):
+    # The task closes its runs before its node goes: a Ray driver whose raylet dies exits on
+    # the spot, and SLURM sends SIGTERM (and the time-limit signal) to every process of the job.
+    job = Job(tmp_path, world_size=1)
+    try:
+        start = time.monotonic()
+        codes = job.run("slurm_signals", ranks=(0,))
+        elapsed = time.monotonic() - start
+        assert codes == {0: 0}, job.log(0).read_text()[-3000:]
+        result = job.output(0)["result"]
+        assert "Ray cluster up: 1/1 nodes" in job.log(0).read_text()
+        assert result["seen_by_ray_init"] == 1
+        # SLURM_CPUS_PER_TASK=1, but the engine's 16 logical CPU slots; 2 logical GPU slots
+        assert result["resources"]["CPU"] == 16 and result["resources"]["GPU"] == 2
+        assert result["signalled"] >= 3  # raylet, GCS, the supervisor, `ray start`, workers
+        assert result["survivors"] == result["signalled"]  # none died of the signals
+        assert result["ran"] == "ran on a GPU slot"
+        assert job.leftovers() == []  # the task stopped its node, signals or not
+        print(f"1-task job, SLURM's signals to every Ray process: {elapsed:.1f} s")
+    finally:
+        for temp_dir in job.temp_dirs():
+            _kill(node_processes(temp_dir))
+        shutil.rmtree(job.temp_root, ignore_errors=True)
 
 
 def test_a_node_whose_ports_are_taken_is_refused_before_ray_starts(job):

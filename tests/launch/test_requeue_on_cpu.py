@@ -11,11 +11,12 @@ import time
 import pytest
 from mlflow.tracking import MlflowClient
 
-from slca_exp.launch.requeue import preemption_requeues, submitit_handler
+from slca_exp.launch.requeue import preemption_requeues, preemption_stops, submitit_handler
 from slca_exp.tracking.base import (
     MultiTracker,
     RunKilled,
     RunPreempted,
+    deferrable,
     held_signal,
     preempt_signal,
     signals_deferred,
@@ -40,8 +41,10 @@ def submitit_job(monkeypatch):
     monkeypatch.delenv("RANK", raising=False)
     fake = FakeSubmititHandler()
     previous = signal.signal(signal.SIGUSR2, fake.checkpoint_and_try_requeue)
+    previous_term = signal.getsignal(signal.SIGTERM)
     yield fake
     signal.signal(signal.SIGUSR2, previous)
+    signal.signal(signal.SIGTERM, previous_term)  # a requeue leaves SIGTERM ignored
 
 
 def test_the_engine_checkpoints_before_submitit_requeues(submitit_job):
@@ -59,6 +62,29 @@ def test_the_engine_checkpoints_before_submitit_requeues(submitit_job):
     assert submitit_job.calls == [signal.SIGUSR2]
     # submitit's handler is back in place for whatever runs after the task
     assert signal.getsignal(signal.SIGUSR2) == submitit_job.checkpoint_and_try_requeue
+
+
+def test_slurms_sigterm_after_the_requeue_does_not_turn_it_into_a_kill(submitit_job):
+    # `scontrol requeue` stops the job at once: SIGTERM reaches it while submitit's handler
+    # still runs. The job must leave as requeued (SystemExit), not as killed (RunKilled), or
+    # submitit records the kill as the job's result and the command stops waiting for it.
+    class RequeueThenSigterm(FakeSubmititHandler):
+        def checkpoint_and_try_requeue(self, signum, frame):
+            self.calls.append(signum)
+            signal.pthread_kill(threading.main_thread().ident, signal.SIGTERM)  # SLURM's
+            time.sleep(0.1)
+            raise SystemExit(-1)
+
+    @deferrable
+    def killed(signum, frame):  # the job's Ray bootstrap: SIGTERM raises RunKilled
+        raise RunKilled(f"received signal {signum}")
+
+    requeue = RequeueThenSigterm()
+    signal.signal(signal.SIGUSR2, requeue.checkpoint_and_try_requeue)
+    signal.signal(signal.SIGTERM, killed)
+    with pytest.raises(SystemExit), preemption_requeues(checkpointable=True):
+        raise RunPreempted("the engine checkpointed")
+    assert requeue.calls == [signal.SIGUSR2]
 
 
 def test_a_signal_during_a_recorded_step_waits_for_the_step(submitit_job):
@@ -102,6 +128,41 @@ def test_a_signal_caught_by_another_thread_still_waits_for_the_step(submitit_job
         stop.set()
         other.join()
     assert events == ["step recorded", "preempted"]
+
+
+def test_while_a_trainer_elsewhere_trains_the_signal_asks_it_to_stop_then_the_job_requeues(
+    submitit_job,
+):
+    # verl's trainer runs in a Ray actor: the driver asks it to stop, waits for it to save and
+    # stop at a step boundary, then raises RunPreempted itself.
+    events = []
+    main = threading.main_thread().ident
+    with pytest.raises(SystemExit), preemption_requeues(checkpointable=True):
+        with preemption_stops(lambda: events.append("stop asked")) as stop:
+            signal.pthread_kill(main, signal.SIGUSR2)
+            signal.pthread_kill(main, signal.SIGUSR2)  # a second signal changes nothing
+            events.append("trainer saved and stopped")
+        assert stop.requested and stop.signal == signal.SIGUSR2
+        events.append("engine raises")
+        raise RunPreempted("the trainer stopped after a checkpoint")
+    assert events == ["stop asked", "trainer saved and stopped", "engine raises"]
+    assert submitit_job.calls == [signal.SIGUSR2]  # requeued once, after the stop
+
+
+def test_a_stop_asked_as_the_training_ends_changes_nothing(submitit_job):
+    with preemption_requeues(checkpointable=True) as routed:
+        assert routed
+        with preemption_stops(lambda: None) as stop:
+            signal.pthread_kill(threading.main_thread().ident, signal.SIGUSR2)
+        assert stop.requested  # the engine sees its trainer finished anyway: nothing raised
+    assert submitit_job.calls == []  # not requeued
+
+
+def test_without_routing_the_signal_is_left_to_submitit(submitit_job):
+    asked = []
+    with preemption_stops(lambda: asked.append(1)) as stop:  # no preemption_requeues block
+        assert signal.getsignal(signal.SIGUSR2) == submitit_job.checkpoint_and_try_requeue
+    assert not stop.requested and asked == []
 
 
 def test_only_rank_0_of_a_checkpointable_submitit_job_routes_the_signal(submitit_job, monkeypatch):

@@ -20,6 +20,13 @@ trainer's whole config as parameters, and the SFT trainer's ``trainer.*`` and ``
 differ from the RL trainer's, which one run cannot hold. The run ids are kept in ``<run
 folder>/verl/run_ids.json``: a requeued job continues the same runs, and verl resumes from its
 latest checkpoint (``trainer.resume_mode``).
+
+On SLURM (``slca_exp.launch.requeue``) the time-limit signal during the RL stage asks verl's
+trainer to stop at its next step boundary, after a verl checkpoint of every step it logged
+(``stopping.py``); the job then requeues, and the requeued job resumes from that checkpoint
+into the same MLflow run at the next step. A signal during the SFT stage stops it at once: the
+requeued job runs the short SFT stage again in a new child run (the stopped one is closed
+KILLED). SIGTERM (``scancel``) stops everything at once and the runs are closed KILLED.
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -38,7 +46,11 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from slca_exp.config.schema import RunConfig
 from slca_exp.config.validate import ConfigError, Problem
 from slca_exp.engines.verl import config as translate
+from slca_exp.engines.verl import stopping
 from slca_exp.engines.verl.checks import check_verl_config
+from slca_exp.launch.requeue import preemption_stops
+from slca_exp.launch.task import NodeResources
+from slca_exp.tracking.base import RunKilled, RunPreempted
 
 RUN_IDS_FILE = "run_ids.json"
 """``<run folder>/verl/run_ids.json``: the tracker runs an unfinished verl run logs to."""
@@ -83,6 +95,21 @@ class VerlEngine:
         """Every problem of the run's verl config (:func:`check`)."""
         return check(config, recipe)
 
+    def ray_node(self, config: RunConfig) -> NodeResources:
+        """What each Ray node of a submitit job of this run declares (``slca_exp.launch``).
+
+        The cpu backend: logical CPU slots (verl's actors each ask for one and mostly wait) and
+        ``engine.verl.n_gpus_per_node`` logical GPU slots (verl's resource pools ask Ray for
+        GPUs only). The cuda backend: the task's own CPUs and GPUs.
+        """
+        if translate.backend_of(config) != "cpu":
+            return NodeResources()
+        from slca_exp.engines.verl import cpu
+
+        return NodeResources(
+            num_cpus=cpu.RAY_LOGICAL_CPUS, num_gpus=config.engine.verl.n_gpus_per_node
+        )
+
     def resume_ids(self, config: RunConfig) -> dict[str, str] | None:
         """Tracker run ids of an unfinished earlier run of this exact config (to continue it)."""
         folder = translate.verl_dir(config)
@@ -125,6 +152,10 @@ class VerlEngine:
                 try:
                     with clock("SFT"):
                         weights = run_sft(config, recipe, env=env)
+                except (RunKilled, KeyboardInterrupt):
+                    # SFT's process is gone (subprocess.run waits for it): this write is last
+                    _end_run(config, child, "KILLED")
+                    raise
                 except BaseException:
                     _end_run(config, child, "FAILED")
                     raise
@@ -134,9 +165,22 @@ class VerlEngine:
                     OmegaConf.update(launch.cfg, MODEL_KEY, str(weights))
                 translate.write_verl_config(launch.cfg, launch.config_path)
             model_path = str(OmegaConf.select(launch.cfg, MODEL_KEY))
-            with clock("RL"):
-                run_trainer(launch)
-        (launch.folder / FINISHED_FILE).write_text("")
+            # From here the time-limit signal asks the trainer to stop after a checkpoint; a
+            # signal once it has finished changes nothing.
+            request = launch.folder / stopping.STOP_REQUEST_FILE
+            with clock("RL"), preemption_stops(lambda: request.write_text("")):
+                stopped = run_trainer(launch)
+                if stopped is None:
+                    (launch.folder / FINISHED_FILE).write_text("")
+        if stopped is not None:
+            print(
+                f"slca-exp: verl checkpointed at RL step {stopped.step} in "
+                f"{stopped.checkpoint or '(no step to save)'}; the requeued job resumes there "
+                f"(after {clock.report()})",
+                file=sys.stderr,
+                flush=True,
+            )
+            raise RunPreempted(f"verl's trainer stopped after RL step {stopped.step}")
         print(f"slca-exp: verl run took {clock.report()}", flush=True)
         return VerlRunResult(
             run_dir=str(launch.folder),
@@ -241,10 +285,11 @@ def tracker_env(run_ids: dict[str, str], base: dict[str, str] | None = None) -> 
 
     Args:
         run_ids: backend -> run id (``tracker.run_ids()``).
-        base: the workers' variables so far (kept).
+        base: the workers' variables so far (kept, as text: an override such as
+            ``ray_kwargs.ray_init.runtime_env.env_vars.OMP_NUM_THREADS=1`` reads as a number).
 
     """
-    env = dict(base or {})
+    env = {str(name): str(value) for name, value in (base or {}).items()}
     if "mlflow" in run_ids:
         env["MLFLOW_RUN_ID"] = run_ids["mlflow"]
     if "wandb" in run_ids:
@@ -271,12 +316,18 @@ def prepare(config: RunConfig, recipe: Any, tracker: Any) -> Launch:  # noqa: AN
     run_ids = dict(ids_of()) if callable(ids_of) else {}
     env_key = translate.ENV_VARS_KEY
     env = tracker_env(run_ids, dict(OmegaConf.select(cfg, env_key) or {}))
+    folder = translate.verl_dir(config)
     with open_dict(cfg):
         OmegaConf.update(cfg, env_key, env, merge=False, force_add=True)
-    folder = translate.verl_dir(config)
+        # the same path in every job of the run: verl logs its config as the run's parameters,
+        # which a resumed run must not change
+        OmegaConf.update(
+            cfg, stopping.STOP_KEY, str(folder / stopping.STOP_REQUEST_FILE), force_add=True
+        )
     files = translate.write_side_files(config, cfg, require_data=True)
     config_path = translate.write_verl_config(cfg, folder / translate.CONFIG_FILE)
     _write_run_ids(folder, run_ids)
+    stopping.clear(folder)  # an earlier job's stop request is not this job's
     check_registered(
         [str(cfg.algorithm.adv_estimator)],
         env,
@@ -301,11 +352,33 @@ def available_gpus() -> tuple[int, str]:
         return torch.cuda.device_count(), "this host"
     import ray
 
-    ray.init(address=address, logging_level="ERROR", log_to_driver=False)
+    with keeping_sigterm_handler():
+        ray.init(address=address, logging_level="ERROR", log_to_driver=False)
     try:
         return int(ray.cluster_resources().get("GPU", 0)), f"the Ray cluster at {address}"
     finally:
         ray.shutdown()
+
+
+@contextlib.contextmanager
+def keeping_sigterm_handler() -> Iterator[None]:
+    """Keep this process's SIGTERM handler across ``ray.init``, which installs Ray's own.
+
+    Ray's handler exits at once; ours (``tracked_run``, the job's Ray bootstrap) raises
+    ``RunKilled``, so that ``scancel`` closes the runs KILLED and stops the job's Ray nodes.
+    """
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    handler = signal.getsignal(signal.SIGTERM)
+    try:
+        yield
+    finally:
+        if handler is not None:
+            signal.signal(signal.SIGTERM, handler)
 
 
 def require_gpus(cfg: DictConfig) -> None:
@@ -363,36 +436,50 @@ def ray_session(launch: Launch) -> Iterator[str]:
     address = os.environ.get("RAY_ADDRESS")
     if address:
         print(f"slca-exp: verl runs on the Ray cluster at {address}")
-        ray.init(address=address, runtime_env=runtime_env, logging_level="WARNING")
+        with keeping_sigterm_handler():
+            ray.init(address=address, runtime_env=runtime_env, logging_level="WARNING")
     else:
         init = cfg.ray_kwargs.ray_init
-        ray.init(
-            num_cpus=init.num_cpus,
-            num_gpus=init.num_gpus,
-            runtime_env=runtime_env,
-            include_dashboard=False,
-            logging_level="WARNING",
-        )
+        with keeping_sigterm_handler():
+            ray.init(
+                num_cpus=init.num_cpus,
+                num_gpus=init.num_gpus,
+                runtime_env=runtime_env,
+                include_dashboard=False,
+                logging_level="WARNING",
+            )
     gcs = ray.get_runtime_context().gcs_address
     saved = {name: os.environ.get(name) for name in ("RAY_ADDRESS", RUNTIME_ENV)}
     os.environ["RAY_ADDRESS"] = gcs
     os.environ[RUNTIME_ENV] = json.dumps(runtime_env)
+    killed = False
     try:
         yield gcs
+    except (RunKilled, KeyboardInterrupt):
+        killed = True
+        raise
     finally:
         for name, value in saved.items():
             if value is None:
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
-        ray.shutdown()
+        # Killed on the job's cluster: the runs are closed first (SLURM kills the task soon
+        # after SIGTERM); the job's Ray bootstrap disconnects this driver afterwards.
+        if not (killed and address):
+            ray.shutdown()
 
 
-def run_trainer(launch: Launch) -> None:
+def run_trainer(launch: Launch) -> stopping.Stopped | None:
     """Run verl's PPO trainer (``run_ppo`` + ``TaskRunnerV1``) with the prepared config.
 
     Connects to the Ray cluster ``RAY_ADDRESS`` names (the SLURM job's), or lets verl start a
     local one, which is shut down afterwards.
+
+    Returns:
+        Where the trainer stopped when it was asked to stop for a requeue before its last
+        step (``stopping.py``); ``None`` when it trained to the end.
+
     """
     import ray
     from verl.trainer.main_ppo import TaskRunnerV1, run_ppo
@@ -405,7 +492,40 @@ def run_trainer(launch: Launch) -> None:
     if os.environ.get("RAY_ADDRESS"):
         print(f"slca-exp: verl runs on the Ray cluster at {os.environ['RAY_ADDRESS']}")
     try:
-        run_ppo(cfg, task_runner_class=TaskRunnerV1)
+        answering_signals(run_ppo, cfg, task_runner_class=TaskRunnerV1)
     finally:
         if ours and ray.is_initialized():
             ray.shutdown()
+    return stopping.Stopped.read(launch.folder)
+
+
+def answering_signals(fn: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: ANN401
+    """``fn(*args, **kwargs)`` in a thread, while this (main) thread answers signals at once.
+
+    verl's driver waits for its trainer in ``ray.get``, where Python runs signal handlers about
+    once a second, and when SLURM cancels a job, ``srun`` kills its task about a second after
+    the SIGTERM: waiting here instead, SIGTERM raises ``RunKilled`` at once and the runs are
+    closed KILLED in time, and the time-limit signal asks the trainer to stop at once. (A
+    ``ray.init`` in ``fn`` then leaves this process's SIGTERM handler alone, too.)
+
+    Raises:
+        Whatever ``fn`` raised, or what a signal's handler raised meanwhile.
+
+    """
+    import threading
+
+    outcome: dict[str, Any] = {}
+
+    def call() -> None:
+        try:
+            outcome["value"] = fn(*args, **kwargs)
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the main thread
+            outcome["error"] = exc
+
+    worker = threading.Thread(target=call, name="verl-driver", daemon=True)
+    worker.start()
+    while worker.is_alive():
+        worker.join(timeout=0.2)  # interrupted by a signal: its handler runs here
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome.get("value")

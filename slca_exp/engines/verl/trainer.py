@@ -19,10 +19,17 @@ overrides one step of the training loop, ``_compute_advantage``, and calls verl'
        next to verl's own
     -> with ``engine.verl.dump_batches``: the step's batch as the actor receives it
        (advantages, masks, scores; :func:`dump_batch`) in ``<run folder>/verl/batches``.
+
+It also stops for a requeue and resumes without logging a step twice (``stopping.py``): verl's
+step hooks check the driver's stop request (``on_step_end`` saves a verl checkpoint of the
+step, ``on_step_begin`` of the next one stops once a checkpoint covers every logged step), a
+resumed trainer does not log again the steps its MLflow run holds, and the run verl's logger
+attached to is ended with the status the driver gives it (never FINISHED by a killed job).
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -41,6 +48,14 @@ from slca_exp.engines.verl.rewards import (
     TOOL_KEY,
     TOTAL_KEY,
     reward_metrics,
+)
+from slca_exp.engines.verl.stopping import (
+    STOP_KEY,
+    SkipLogged,
+    StopForRequeue,
+    Stopped,
+    end_recipe_run,
+    logged_through,
 )
 from slca_exp.estimators import RolloutScores
 
@@ -100,7 +115,105 @@ def segment_metrics(
 
 @register_trainer(TRAINER_MODE)
 class SLCATrainer(PPOTrainerSync):
-    """verl's synchronous trainer; each step also logs slca-exp's per-segment metrics."""
+    """verl's synchronous trainer; each step also logs slca-exp's per-segment metrics.
+
+    It also stops for a requeue at a step boundary when the driver asks (``stopping.py``).
+    """
+
+    _checkpointed = 0
+    """The last step a verl checkpoint covers (saved, or resumed from); 0: none."""
+    _history_checked = False
+
+    # -- stopping for a requeue, resuming ---------------------------------------------------
+
+    def fit(self, agent_loop_manager: Any) -> None:  # noqa: ANN401 - verl's AgentLoopManager
+        """Train with verl's loop; return early, after a checkpoint, when asked to stop."""
+        status = "FAILED"
+        try:
+            super().fit(agent_loop_manager)
+            status = "FINISHED"
+        except StopForRequeue:
+            status = "KILLED"  # what the driver records too: the job requeues
+            self._shutdown_dump_executor()
+            step = self.global_steps - 1  # the last step finished and logged
+            where = self._checkpoint_dir(self._checkpointed) if self._checkpointed else None
+            Stopped(step=step, checkpoint=where).write(Path(self._stop_request()).parent)
+            print(f"slca-exp: verl's trainer stopped for a requeue after RL step {step}",
+                  flush=True)  # fmt: skip
+        except (SystemExit, KeyboardInterrupt):  # SIGTERM in a Ray worker exits the process
+            status = "KILLED"
+            raise
+        finally:
+            end_recipe_run(status)
+
+    def on_step_begin(self) -> None:
+        """Stop here, before the step, if asked to and every step done is checkpointed."""
+        if self._stop_asked() and self._checkpointed >= self.global_steps - 1:
+            raise StopForRequeue
+        super().on_step_begin()
+
+    def on_step_end(self) -> None:
+        """Push the weights as verl does; then, if asked to stop, checkpoint this step."""
+        super().on_step_end()
+        last = self.global_steps >= self.total_training_steps  # it ends here anyway
+        if self._stop_asked() and self._checkpointed < self.global_steps and not last:
+            self._save_checkpoint()  # verl's own, as save_freq would (weights, optimizer, data)
+
+    def _save_checkpoint(self) -> None:
+        super()._save_checkpoint()
+        self._checkpointed = self.global_steps
+
+    def _load_checkpoint(self) -> None:
+        super()._load_checkpoint()
+        self._checkpointed = self.global_steps
+        if self.global_steps > 0:
+            print(
+                f"slca-exp: verl resumed from its checkpoint at RL step {self.global_steps} "
+                f"({self._checkpoint_dir(self.global_steps)})",
+                flush=True,
+            )
+
+    def on_train_begin(self) -> None:
+        """Drop the steps the run already holds before the first step is logged."""
+        self._skip_logged_steps()
+        super().on_train_begin()
+
+    def on_validate_begin(self) -> None:
+        """The same before the first validation (verl logs it at the resumed step)."""
+        self._skip_logged_steps()
+        super().on_validate_begin()
+
+    def _skip_logged_steps(self) -> None:
+        """Wrap verl's logger once, when its MLflow run already holds steps (``SkipLogged``)."""
+        if self._history_checked:
+            return
+        self._history_checked = True
+        mlflow = sys.modules.get("mlflow")
+        run = mlflow.active_run() if mlflow is not None else None
+        through = logged_through(run.info.run_id) if run is not None else 0
+        if through > 0:  # a resumed run: steps 1..through are final
+            self.logger = SkipLogged(self.logger, through)
+        if run is not None and through < self._checkpointed:
+            # verl saves a step before it logs it: a job killed in between left a checkpoint
+            # of steps whose metrics no job will log
+            print(
+                f"slca-exp: RL steps {through + 1}..{self._checkpointed} are in verl's "
+                "checkpoint but not in the MLflow run (a job was killed between saving and "
+                "logging them); their metrics are lost",
+                flush=True,
+            )
+
+    def _stop_request(self) -> str:
+        return str(OmegaConf.select(self.config, STOP_KEY, default="") or "")
+
+    def _stop_asked(self) -> bool:
+        request = self._stop_request()
+        return bool(request) and Path(request).exists()
+
+    def _checkpoint_dir(self, step: int) -> str:
+        return str(Path(self.config.trainer.default_local_dir) / f"global_step_{step}")
+
+    # -- the advantage step -----------------------------------------------------------------
 
     def _compute_advantage(self, batch: Any, metrics: dict) -> Any:  # noqa: ANN401 - KVBatchMeta
         """The advantage step of verl, with the reward side's facts in and our metrics out."""
@@ -149,11 +262,12 @@ def dump_batch(batch: Any, infos: Sequence[Mapping[str, Any]], path: Path) -> Pa
     fields = ["advantages", "response_mask", "rm_scores", "uid"]
     data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=fields)
     padded = data.to_padded_tensor()
+    uid = padded.pop("uid").tolist()  # a non-tensor stack (indexing gives a list-like view)
     record = {
         "advantages": padded["advantages"].detach().cpu(),
         "response_mask": padded["response_mask"].detach().cpu(),
         "rm_scores": padded["rm_scores"].detach().cpu(),
-        "uid": [str(u) for u in padded["uid"].tolist()],
+        "uid": [str(u) for u in uid],
         "infos": [dict(info) for info in infos],
     }
     path.parent.mkdir(parents=True, exist_ok=True)
