@@ -7,11 +7,12 @@ of all earlier runs is the tool segment. A rollout with a single run has only a 
 no run has neither.
 
 Everything is vectorised over the batch. The only per-row quantities needed are the start of the
-last run, the last learnable token and the number of learnable tokens: the summary is the run
-between that start and the last token, the tool segment every learnable token before it (a
-rollout has one when it has more learnable tokens than its summary). The "last set position"
-reductions run on the bool masks viewed as 64-bit words (8 tokens per word), so they allocate
-only (B, T/8) temporaries: at B=1024, T=4096 the estimator is bound by memory traffic.
+last run and the first and last learnable token: the summary is the run between that start and
+the last token, the tool segment every learnable token before it (a rollout has one when its
+first learnable token comes before the summary). The "first / last set position" reductions run
+on the bool masks viewed as 64-bit words (8 tokens per word), so they allocate only (B, T/8)
+temporaries, and the per-row arithmetic that follows runs on the host
+(``slca_exp.estimators.host``): at B=1024, T=4096 the split is bound by memory traffic.
 """
 
 from __future__ import annotations
