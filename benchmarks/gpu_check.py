@@ -146,8 +146,28 @@ def placed(mask: torch.Tensor, tool: torch.Tensor, summary: torch.Tensor) -> tor
     return rewards
 
 
-def engine(device: str, hidden: int, layers: int, steps: int, group: int) -> None:
+def train_run(args: list[str], tmp: str) -> tuple[object, object, float, object]:
+    """Run ``slca-exp train`` in ``tmp``; its MLflow client, its run (not an SFT child run),
+    the wall seconds and the finished process."""
     from mlflow.tracking import MlflowClient
+
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    start = time.perf_counter()
+    res = subprocess.run(args, cwd=tmp, env=env, capture_output=True, text=True)
+    wall = time.perf_counter() - start
+    if res.returncode != 0:
+        raise SystemExit(f"slca-exp train failed ({res.returncode}):\n{res.stderr[-4000:]}")
+    client = MlflowClient(f"sqlite:///{tmp}/mlflow.db")
+    (run,) = [
+        r
+        for e in client.search_experiments()
+        for r in client.search_runs([e.experiment_id])
+        if r.data.tags.get("slca.stage") != "sft"
+    ]
+    return client, run, wall, res
+
+
+def engine(device: str, hidden: int, layers: int, steps: int, group: int) -> None:
 
     heads = max(1, hidden // 64)
     with tempfile.TemporaryDirectory(prefix="slca-gpu-check-") as tmp:
@@ -167,15 +187,7 @@ def engine(device: str, hidden: int, layers: int, steps: int, group: int) -> Non
             "engine.progress=false",
             f"tracking.root={tmp}",
         ]
-        env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
-        start = time.perf_counter()
-        res = subprocess.run(args, cwd=tmp, env=env, capture_output=True, text=True)
-        wall = time.perf_counter() - start
-        if res.returncode != 0:
-            raise SystemExit(f"slca-exp train failed ({res.returncode}):\n{res.stderr[-3000:]}")
-        client = MlflowClient(f"sqlite:///{tmp}/mlflow.db")
-        experiments = client.search_experiments()
-        (run,) = [r for e in experiments for r in client.search_runs([e.experiment_id])]
+        client, run, wall, _ = train_run(args, tmp)
 
         def mean(name: str) -> float:
             values = [m.value for m in client.get_metric_history(run.info.run_id, name)]
@@ -199,7 +211,6 @@ def verl_smoke(backend: str, steps: int, sft_steps: int, batch: int, group: int)
     On a GPU (``cuda``: vLLM rollout, FSDP on one GPU) this is the smoke the CPU backend runs in
     CI; ``--device cpu`` runs the same command on the ``cpu`` backend.
     """
-    from mlflow.tracking import MlflowClient
 
     with tempfile.TemporaryDirectory(prefix="slca-verl-smoke-") as tmp:
         args = [
@@ -219,20 +230,7 @@ def verl_smoke(backend: str, steps: int, sft_steps: int, batch: int, group: int)
         if backend == "cuda":  # one GPU shared by the trainer and vLLM
             args += ["engine.verl.gpu_memory_utilization=0.4"]
         print("$ " + " ".join(args[1:]), flush=True)
-        env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
-        start = time.perf_counter()
-        res = subprocess.run(args, cwd=tmp, env=env, capture_output=True, text=True)
-        wall = time.perf_counter() - start
-        if res.returncode != 0:
-            raise SystemExit(f"slca-exp train failed ({res.returncode}):\n{res.stderr[-4000:]}")
-        client = MlflowClient(f"sqlite:///{tmp}/mlflow.db")
-        runs = [
-            r
-            for e in client.search_experiments()
-            for r in client.search_runs([e.experiment_id])
-            if r.data.tags.get("slca.stage") != "sft"
-        ]
-        (run,) = runs
+        client, run, wall, res = train_run(args, tmp)
 
         def series(name: str) -> list[float]:
             return [m.value for m in client.get_metric_history(run.info.run_id, name)]
