@@ -49,12 +49,30 @@ def main(info):
         time.sleep(60)
     if mode == "slurm_signals":  # SLURM signals every process of the job: the time limit,
         signalled = node_processes(info.nodes[0].temp_dir)  # then scancel
+        names = {}
+        for pid in signalled:
+            try:
+                raw = open(f"/proc/{pid}/cmdline", "rb").read()
+                names[pid] = raw.replace(bytes(1), b" ").decode()
+            except OSError:
+                names[pid] = "?"
         for signum in (signal.SIGUSR2, signal.SIGTERM):
             for pid in signalled:
-                os.kill(pid, signum)
+                try:
+                    os.kill(pid, signum)
+                except ProcessLookupError:  # an idle Ray worker that had already left
+                    pass
         time.sleep(3)
+        alive = set(node_processes(info.nodes[0].temp_dir))
         extra["signalled"] = len(signalled)
-        extra["survivors"] = len(set(signalled) & set(node_processes(info.nodes[0].temp_dir)))
+        extra["survivors"] = len(set(signalled) & alive)
+        # Ray's idle workers come and go on their own; the node's daemons must not go
+        extra["daemons_gone"] = [
+            names[pid]
+            for pid in signalled
+            if pid not in alive
+            and any(d in names[pid] for d in ("raylet", "gcs_server", "supervise", " start "))
+        ]
     import ray
 
     ray.init()  # joins through RAY_ADDRESS, like verl; serve closes the connection
@@ -443,7 +461,8 @@ def test_a_one_task_job_gets_the_engines_slots_and_its_node_outlives_slurms_sign
         # SLURM_CPUS_PER_TASK=1, but the engine's 16 logical CPU slots; 2 logical GPU slots
         assert result["resources"]["CPU"] == 16 and result["resources"]["GPU"] == 2
         assert result["signalled"] >= 3  # raylet, GCS, the supervisor, `ray start`, workers
-        assert result["survivors"] == result["signalled"]  # none died of the signals
+        assert result["daemons_gone"] == []  # the node's daemons outlived the signals
+        assert result["survivors"] >= 3
         assert result["ran"] == "ran on a GPU slot"
         assert job.leftovers() == []  # the task stopped its node, signals or not
         print(f"1-task job, SLURM's signals to every Ray process: {elapsed:.1f} s")

@@ -232,8 +232,6 @@ def test_the_driver_answers_a_signal_while_verls_driver_waits_for_its_trainer():
     import signal
     import threading
 
-    from slca_exp.engines.verl.engine import answering_signals
-
     trainer_done = threading.Event()
 
     class Stopped(Exception):
@@ -247,11 +245,11 @@ def test_the_driver_answers_a_signal_while_verls_driver_waits_for_its_trainer():
     try:
         threading.Timer(0.2, signal.pthread_kill, (main, signal.SIGUSR1)).start()
         with pytest.raises(Stopped):
-            answering_signals(trainer_done.wait)  # a trainer that never returns by itself
+            stopping.answering_signals(trainer_done.wait)  # a trainer that never returns by itself
         assert not trainer_done.is_set()
     finally:
         trainer_done.set()
         signal.signal(signal.SIGUSR1, previous)
-    assert answering_signals(lambda x: x + 1, 1) == 2
+    assert stopping.answering_signals(lambda x: x + 1, 1) == 2
     with pytest.raises(ZeroDivisionError):
-        answering_signals(lambda: 1 / 0)
+        stopping.answering_signals(lambda: 1 / 0)

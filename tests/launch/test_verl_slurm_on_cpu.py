@@ -31,6 +31,8 @@ pytestmark = [
 ]
 pytest.importorskip("verl", reason="needs the verl extra")
 
+from slca_exp.engines.verl.stopping import STEP_METRIC  # noqa: E402
+
 STEPS = 4
 """RL steps of the requeued run: the signal comes once step 1 is logged, the trainer stops
 after the step it is in (2, or 3 on a slow poll), the requeued job does the rest."""
@@ -43,7 +45,6 @@ VERL = [
     "engine.verl.test_freq=-1",
     "engine.verl.overrides=['trainer.val_before_train=false']",  # CI time: no validation
 ]
-STEP_METRIC = "training/global_step"
 PER_STEP = (  # verl's metrics and ours, each logged once at every RL step
     STEP_METRIC,
     "timing_s/step",

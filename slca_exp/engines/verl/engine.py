@@ -352,33 +352,12 @@ def available_gpus() -> tuple[int, str]:
         return torch.cuda.device_count(), "this host"
     import ray
 
-    with keeping_sigterm_handler():
+    with stopping.keeping_sigterm_handler():
         ray.init(address=address, logging_level="ERROR", log_to_driver=False)
     try:
         return int(ray.cluster_resources().get("GPU", 0)), f"the Ray cluster at {address}"
     finally:
         ray.shutdown()
-
-
-@contextlib.contextmanager
-def keeping_sigterm_handler() -> Iterator[None]:
-    """Keep this process's SIGTERM handler across ``ray.init``, which installs Ray's own.
-
-    Ray's handler exits at once; ours (``tracked_run``, the job's Ray bootstrap) raises
-    ``RunKilled``, so that ``scancel`` closes the runs KILLED and stops the job's Ray nodes.
-    """
-    import signal
-    import threading
-
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    handler = signal.getsignal(signal.SIGTERM)
-    try:
-        yield
-    finally:
-        if handler is not None:
-            signal.signal(signal.SIGTERM, handler)
 
 
 def require_gpus(cfg: DictConfig) -> None:
@@ -436,11 +415,11 @@ def ray_session(launch: Launch) -> Iterator[str]:
     address = os.environ.get("RAY_ADDRESS")
     if address:
         print(f"slca-exp: verl runs on the Ray cluster at {address}")
-        with keeping_sigterm_handler():
+        with stopping.keeping_sigterm_handler():
             ray.init(address=address, runtime_env=runtime_env, logging_level="WARNING")
     else:
         init = cfg.ray_kwargs.ray_init
-        with keeping_sigterm_handler():
+        with stopping.keeping_sigterm_handler():
             ray.init(
                 num_cpus=init.num_cpus,
                 num_gpus=init.num_gpus,
@@ -492,40 +471,8 @@ def run_trainer(launch: Launch) -> stopping.Stopped | None:
     if os.environ.get("RAY_ADDRESS"):
         print(f"slca-exp: verl runs on the Ray cluster at {os.environ['RAY_ADDRESS']}")
     try:
-        answering_signals(run_ppo, cfg, task_runner_class=TaskRunnerV1)
+        stopping.answering_signals(run_ppo, cfg, task_runner_class=TaskRunnerV1)
     finally:
         if ours and ray.is_initialized():
             ray.shutdown()
     return stopping.Stopped.read(launch.folder)
-
-
-def answering_signals(fn: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: ANN401
-    """``fn(*args, **kwargs)`` in a thread, while this (main) thread answers signals at once.
-
-    verl's driver waits for its trainer in ``ray.get``, where Python runs signal handlers about
-    once a second, and when SLURM cancels a job, ``srun`` kills its task about a second after
-    the SIGTERM: waiting here instead, SIGTERM raises ``RunKilled`` at once and the runs are
-    closed KILLED in time, and the time-limit signal asks the trainer to stop at once. (A
-    ``ray.init`` in ``fn`` then leaves this process's SIGTERM handler alone, too.)
-
-    Raises:
-        Whatever ``fn`` raised, or what a signal's handler raised meanwhile.
-
-    """
-    import threading
-
-    outcome: dict[str, Any] = {}
-
-    def call() -> None:
-        try:
-            outcome["value"] = fn(*args, **kwargs)
-        except BaseException as exc:  # noqa: BLE001 - re-raised in the main thread
-            outcome["error"] = exc
-
-    worker = threading.Thread(target=call, name="verl-driver", daemon=True)
-    worker.start()
-    while worker.is_alive():
-        worker.join(timeout=0.2)  # interrupted by a signal: its handler runs here
-    if "error" in outcome:
-        raise outcome["error"]
-    return outcome.get("value")

@@ -24,13 +24,21 @@ verl's MLflow logger attaches to the run that holds our recipe, and ends it FINI
 happened (and so does MLflow when the process exits); :func:`end_recipe_run` ends it first with
 the status the driver gives it too, so that whichever process writes last, the run is never
 left RUNNING nor marked FINISHED by a job that was killed.
+
+The driver answers signals while verl runs (:func:`answering_signals`): SIGTERM closes the runs
+KILLED before ``srun`` kills the job's task, and the time-limit signal writes the stop request
+at once; ``ray.init`` does not get to replace its SIGTERM handler (:func:`keeping_sigterm_handler`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-from collections.abc import Mapping
+import signal
+import sys
+import threading
+from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -135,8 +143,57 @@ def end_recipe_run(status: str) -> None:
     verl's logger would end it FINISHED when the trainer returns or fails, and MLflow would at
     exit; ended here first, neither does (verl's logger ends only an active run).
     """
-    import sys
-
     mlflow = sys.modules.get("mlflow")
     if mlflow is not None and mlflow.active_run() is not None:
         mlflow.end_run(status)
+
+
+# -- the driver: signals while verl runs ----------------------------------------------------
+
+
+@contextlib.contextmanager
+def keeping_sigterm_handler() -> Iterator[None]:
+    """Keep this process's SIGTERM handler across ``ray.init``, which installs Ray's own.
+
+    Ray's handler exits at once; ours (``tracked_run``, the job's Ray bootstrap) raises
+    ``RunKilled``, so that ``scancel`` closes the runs KILLED and stops the job's Ray nodes.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    handler = signal.getsignal(signal.SIGTERM)
+    try:
+        yield
+    finally:
+        if handler is not None:
+            signal.signal(signal.SIGTERM, handler)
+
+
+def answering_signals(fn: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: ANN401
+    """``fn(*args, **kwargs)`` in a thread, while this (main) thread answers signals at once.
+
+    verl's driver waits for its trainer in ``ray.get``, where Python runs signal handlers about
+    once a second, and when SLURM cancels a job, ``srun`` kills its task about a second after
+    the SIGTERM: waiting here instead, SIGTERM raises ``RunKilled`` at once and the runs are
+    closed KILLED in time, and the time-limit signal asks the trainer to stop at once. (A
+    ``ray.init`` in ``fn`` then leaves this process's SIGTERM handler alone, too.)
+
+    Raises:
+        Whatever ``fn`` raised, or what a signal's handler raised meanwhile.
+
+    """
+    outcome: dict[str, Any] = {}
+
+    def call() -> None:
+        try:
+            outcome["value"] = fn(*args, **kwargs)
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the main thread
+            outcome["error"] = exc
+
+    worker = threading.Thread(target=call, name="verl-driver", daemon=True)
+    worker.start()
+    while worker.is_alive():
+        worker.join(timeout=0.2)  # interrupted by a signal: its handler runs here
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome.get("value")
