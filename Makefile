@@ -5,6 +5,9 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 TORCH  ?= torch==2.13.0
+# Two pytest-xdist workers: most tests wait on a subprocess (a CLI run, a SLURM job), so two
+# keep both cores busy; tests/conftest.py decides which files may not overlap.
+TEST_WORKERS ?= 2
 
 .PHONY: demo test lint bench bench-slurm install clean
 
@@ -27,7 +30,7 @@ lint: install
 	$(VENV)/bin/ruff check .
 
 test: install lint
-	$(VENV)/bin/pytest
+	$(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 bench: install
 	$(PY) benchmarks/estimators.py

@@ -1,6 +1,90 @@
-"""Keep what runs write (MLflow stores, generated splits, caches) out of the checkout."""
+"""Keep what runs write out of the checkout; spread the suite over two workers safely.
+
+``make test`` runs the suite on two pytest-xdist workers (``--dist loadfile``): every test
+file is one unit of work, so a module's shared fixture (one verl run, one SFT) is set up once,
+on one worker. The files that submit jobs to the one-node SLURM share one unit
+(:data:`SERIAL`), so their jobs never wait for each other's CPUs; the longest units are handed out
+first (:data:`LONGEST_FIRST`), so the other worker drains the short files meanwhile. A
+session fixture that many files use and that costs tens of seconds is built once per suite,
+not once per worker (:func:`built_once`). Run without ``-n`` everything behaves as one session.
+"""
+
+import fcntl
+import os
+import pickle
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
 
 import pytest
+
+T = TypeVar("T")
+
+SERIAL = "slurm-and-ray-clusters"
+"""The unit of the files below, which submit jobs to the one-node SLURM."""
+
+SERIAL_FILES = (
+    "tests/launch/test_slurm.py",
+    "tests/launch/test_verl_slurm_on_cpu.py",
+)
+
+LONGEST_FIRST = (
+    SERIAL,
+    "tests/engines/test_learning_signal_on_cpu.py",
+    "tests/engines/test_engine_runs_on_cpu.py",
+    "tests/engines/verl/test_verl_trains_on_cpu.py",
+    "tests/tracking/test_mlflow_server_on_cpu.py",
+    "tests/test_compare_on_cpu.py",
+)
+"""Units in the order they are handed out, before all others (which keep the files' order)."""
+
+
+def _unit(nodeid: str) -> str:
+    path = nodeid.split("::", 1)[0]
+    return SERIAL if path in SERIAL_FILES else path
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
+    """Under ``--dist loadfile``, one unit per file except that the serial files share one."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class UnitScheduling(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _unit(nodeid)
+
+    return UnitScheduling(config, log)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The longest units first, the others in the files' order."""
+    rank = {unit: i for i, unit in enumerate(LONGEST_FIRST)}
+    order = {id(item): i for i, item in enumerate(items)}
+    items.sort(key=lambda it: (rank.get(_unit(it.nodeid), len(rank)), order[id(it)]))
+
+
+def built_once(
+    tmp_path_factory: pytest.TempPathFactory, name: str, build: Callable[[Path], T]
+) -> T:
+    """``build(folder)`` once for the whole suite, whatever the number of xdist workers.
+
+    Each worker is its own pytest session, so a session fixture would otherwise be built by
+    every worker that needs it. The first worker builds it in the run's shared temporary folder
+    under a file lock and pickles the result; the others wait on the lock and load it.
+    """
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # shared by the workers of this run
+    folder, done = root / name, root / f"{name}.pickle"
+    with open(root / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if done.exists():
+            return pickle.loads(done.read_bytes())
+        folder.mkdir(parents=True, exist_ok=True)
+        value = build(folder)
+        done.write_bytes(pickle.dumps(value))
+        return value
 
 
 @pytest.fixture(autouse=True, scope="session")
