@@ -1,15 +1,19 @@
 """``slca-exp``: the command line.
 
-    slca-exp train [--dry-run] [HYDRA FLAGS] [OVERRIDES]  run (or with --cfg job, print) a recipe
-    slca-exp validate [HYDRA FLAGS] [OVERRIDES]  compose and validate, report every problem
+    slca-exp train [--dry-run] [--offline] [HYDRA FLAGS] [OVERRIDES]  run (or with --cfg job,
+                   print; with --dry-run, check and describe) a recipe
+    slca-exp validate [--offline] [-m] [HYDRA FLAGS] [OVERRIDES]  check every job, report every
+                      problem
     slca-exp compare EXPERIMENT_OR_SWEEP [--metric M ...] [--strict] [--tracking-uri URI]
                      [--out DIR] [--ui-url URL]  table, plots and MLflow compare link of a sweep
     slca-exp data synth --out DIR [--rows N] [--seed S]  write the seeded synthetic split
 
-train and validate accept Hydra's own flags (``--config-dir``, ``--config-name``, ``-m``,
-``--cfg``) and overrides. A bad recipe exits with status 2 and one message listing every problem,
-before Hydra creates anything (no output folder, no run, no job). ``slca-exp compare --help``
-describes compare.
+Each command answers --help. train and validate accept Hydra's own flags (``--config-dir``,
+``--config-name``, ``-m``, ``--cfg``) and overrides. ``validate``, ``train --dry-run``, ``train
+--cfg job`` and ``train`` itself run the same checks before anything starts
+(:mod:`slca_exp.preflight`); a bad recipe exits with status 2 and one message listing every
+problem, before Hydra creates anything (no output folder, no run, no job). The first three also
+ask each remote judge and simulator whether it answers (``--offline`` skips that).
 
 Two more overrides are the CLI's own (``slca_exp/launch/command.py``): ``launcher=<profile>``
 (plus ``launcher.<key>=<value>``) picks a cluster profile from launchers/, ``sweep=<study>`` a
@@ -19,10 +23,13 @@ prints the jobs, the resources and the sbatch script, and submits and creates no
 
 from __future__ import annotations
 
+import contextlib
+import io
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 
-from slca_exp.config.compose import CONFIG_NAME, compose_jobs, expand_sweeps
+from slca_exp.config.compose import CONFIG_NAME
 from slca_exp.config.validate import ConfigError, Problem
 from slca_exp.plugins import load_plugins
 
@@ -30,14 +37,71 @@ USAGE = __doc__.split("\n\n")[1]
 
 EXIT_BAD_CONFIG = 2
 
+_OWN_FLAGS = ("--dry-run", "--offline")
+
+TRAIN_HELP = """\
+usage: slca-exp train [--dry-run] [--offline] [-m] [HYDRA FLAGS] [OVERRIDES]
+
+Run a recipe: every job is checked first (the config, the recipe's files and weights, the
+engine's own check); a bad recipe exits 2 listing every problem, and nothing is created.
+
+options:
+  --dry-run        check every job, then print the jobs, the resources and (SLURM) the sbatch
+                   script; submits nothing, runs nothing
+  --offline        --dry-run / --cfg: do not ask the judge and simulator servers whether they
+                   answer (when they start with the job, on the cluster)
+  -m, --multirun   run one job per combination of the listed values (a=1,2 b=x,y)
+  --cfg job|hydra|all  print the composed config of every job (checked first), run nothing
+  --resolve        with --cfg: resolve interpolations
+  --config-dir DIR     a folder of your own options (DIR/judge/my_judge.yaml: judge=my_judge)
+  --config-name NAME   the primary config (default: config)
+  --hydra-help     Hydra's own help
+  -h, --help       this help
+
+overrides:
+  group=option     pick an option of a config group (below)
+  key=value        set a value (reward.tool_weights.name=0.3); `slca-exp train --cfg job`
+                   prints every key
+  launcher=NAME    a cluster profile (launchers/); launcher.<key>=value adjusts it
+  sweep=NAME       a ready study (sweeps/), with -m
+
+config groups:
+{groups}
+"""
+
+VALIDATE_HELP = """\
+usage: slca-exp validate [--offline] [-m] [--config-dir DIR] [--config-name NAME] [OVERRIDES]
+
+Check a recipe as `slca-exp train` would before it starts, for every job of a sweep (-m): the
+config, the recipe's files and weights, the engine's own check, the launcher, and whether each
+remote judge and simulator answers. Prints every problem (exit 2) or "the recipe is valid"
+(exit 0); creates nothing. A synthetic split that a run would generate is reported as such.
+
+options:
+  --offline        do not ask the judge and simulator servers whether they answer
+  -m, --multirun   the overrides list values to sweep over (a=1,2): check every job
+  --config-dir DIR     a folder of your own options
+  --config-name NAME   the primary config (default: config)
+  -h, --help       this help
+"""
+
+_HIDDEN_GROUPS = ("schema",)
+"""Config groups that are internal (the schemas YAML options merge onto)."""
+
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the process exit status."""
     args = list(sys.argv[1:] if argv is None else argv)
-    if not args or args[0] in ("-h", "--help", "help"):
+    if not args:
+        print(f"usage:\n{USAGE}", file=sys.stderr)
+        return EXIT_BAD_CONFIG
+    if args[0] in ("-h", "--help", "help"):
         print(f"usage:\n{USAGE}")
         return 0
     command, rest = args[0], args[1:]
+    if command in ("train", "validate") and ("-h" in rest or "--help" in rest):
+        print(VALIDATE_HELP if command == "validate" else TRAIN_HELP.format(groups=_groups()))
+        return 0
     if command in ("train", "validate"):
         try:
             load_plugins()
@@ -60,6 +124,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     return EXIT_BAD_CONFIG
 
 
+def _groups() -> str:
+    """``  group: option, option`` for every config group a user picks from."""
+    from hydra.core.global_hydra import GlobalHydra
+
+    from slca_exp.config.compose import hydra_context
+
+    with hydra_context():
+        loader = GlobalHydra.instance().config_loader()
+        lines = [
+            f"  {group}: {', '.join(loader.get_group_options(group))}"
+            for group in sorted(loader.list_groups(""))
+            if group not in _HIDDEN_GROUPS and not group.startswith("hydra")
+        ]
+    return "\n".join(lines)
+
+
 def _parse(rest: list[str]):  # noqa: ANN202 - argparse.Namespace from Hydra's own parser
     # Hydra's own parser, so that both commands take exactly Hydra's flags (hydra-core is pinned
     # below 1.4, where this module lives).
@@ -68,145 +148,208 @@ def _parse(rest: list[str]):  # noqa: ANN202 - argparse.Namespace from Hydra's o
     return get_args_parser().parse_args(rest)
 
 
-def _unfold(rest: list[str]):  # noqa: ANN202 - (argparse.Namespace, list[str], Plan)
-    """Parse ``rest`` and unfold its ``sweep=`` and ``launcher=``; returns the new ``rest`` too."""
+@dataclass
+class _Command:
+    """A train or validate command line, unfolded and with its launcher resolved."""
+
+    args: object
+    """Hydra's parsed flags (``argparse.Namespace``)."""
+    rest: list[str]
+    """The flags and overrides Hydra gets."""
+    launcher: str = "launcher=local"
+    """The launcher as the user chose it (``launcher=slurm_cpu``, ``hydra/launcher=...``)."""
+    profile: object = None
+    """Its :class:`~slca_exp.launch.profiles.LauncherProfile` (``None`` when it has problems)."""
+    submits: bool = False
+    """The launcher hands the jobs to submitit: every run is a sweep (``-m``)."""
+    problems: list[Problem] = field(default_factory=list)
+    """The launcher's and the study's problems."""
+
+
+def _command(rest: list[str]) -> _Command:
+    """Parse ``rest``, unfold its ``sweep=`` and ``launcher=``, resolve its launcher."""
     from slca_exp.launch.command import plan
+    from slca_exp.launch.dry_run import hydra_launcher
 
     args = _parse(rest)
-    unfolded = plan(args.overrides, [args.config_dir] if args.config_dir else [])
+    dirs = [args.config_dir] if args.config_dir else []
+    unfolded = plan(args.overrides, dirs)
     if unfolded.overrides != args.overrides:
         flags = list(rest)
         for override in args.overrides:  # the overrides are the positional arguments
             flags.remove(override)
         rest = flags + unfolded.overrides
         args = _parse(rest)
-    return args, rest, unfolded
+    command = _Command(args, rest, f"launcher={unfolded.launcher}", unfolded.profile)
+    command.problems = list(unfolded.problems)
+    touching = [o for o in args.overrides if o.startswith(("hydra/launcher=", "hydra.launcher."))]
+    own = [o for o in touching if not o.startswith("hydra/launcher=slca_")]  # not launcher='s
+    if own:  # the user set Hydra's launcher directly: read back what Hydra would launch with
+        chosen = hydra_launcher(touching, args.config_name or CONFIG_NAME, dirs)
+        if chosen is not None:
+            _, command.profile, found = chosen
+            shown = [] if len(own) == len(touching) else [command.launcher]
+            command.launcher = " ".join([*shown, *own])
+            command.problems += found
+    kind = getattr(command.profile, "kind", "basic")
+    command.submits = kind != "basic"
+    if unfolded.study and not (args.multirun or command.submits):
+        command.problems.append(
+            Problem(
+                "sweep",
+                f"sweep={unfolded.study} is a sweep of several jobs and -m is not given",
+                f"add -m: slca-exp train -m sweep={unfolded.study}",
+            )
+        )
+    return command
 
 
-def _check(args, found: Sequence[Problem] = ()) -> tuple[int, list]:  # noqa: ANN001
-    """Validate every job; print the problems (``found`` first).
+def _preflight(command: _Command, *, probe: bool):  # noqa: ANN202 - a preflight.Preflight
+    from slca_exp.launch.profiles import network_store_problems
+    from slca_exp.preflight import preflight
 
-    Returns:
-        ``(0, the jobs' composed configs)`` when every job is valid, else ``(2, [])``.
-
-    """
-    jobs, cfgs, problems = compose_jobs(
+    args = command.args
+    checked = preflight(
         args.overrides,
         config_name=args.config_name or CONFIG_NAME,
         extra_config_dirs=[args.config_dir] if args.config_dir else [],
+        # A launcher that submits runs every command as a sweep (of one job, or more).
+        multirun=bool(args.multirun) or command.submits,
+        probe=probe,
+        here=not command.submits,
+        found=command.problems,
     )
-    problems = [*found, *problems]
-    if problems:
-        print(f"slca-exp: {ConfigError(problems)}", file=sys.stderr)
-        return EXIT_BAD_CONFIG, []
-    return (0, cfgs) if jobs else (EXIT_BAD_CONFIG, [])
+    # Jobs on other nodes must not share a sqlite store on a network filesystem.
+    for config in checked.typed:
+        for problem in network_store_problems(command.profile, config.tracking):
+            if problem not in checked.problems:
+                checked.problems.append(problem)
+    return checked
+
+
+def _refused(problems: Sequence[Problem]) -> int:
+    print(f"slca-exp: {ConfigError(list(problems))}", file=sys.stderr)
+    return EXIT_BAD_CONFIG
 
 
 def _validate(rest: list[str]) -> int:
-    args, _, unfolded = _unfold(rest)
-    status, _ = _check(args, unfolded.problems)
-    if status == 0:
-        jobs = len(expand_sweeps(args.overrides))
-        print(f"slca-exp: the recipe is valid ({jobs} job{'s' if jobs != 1 else ''})")
-    return status
+    offline = "--offline" in rest
+    command = _command([a for a in rest if a not in _OWN_FLAGS])
+    checked = _preflight(command, probe=not offline)
+    if checked.problems:
+        return _refused(checked.problems)
+    for note in checked.notes:
+        print(f"slca-exp: {note}")
+    jobs = len(checked.jobs)
+    print(f"slca-exp: the recipe is valid ({jobs} job{'s' if jobs != 1 else ''})")
+    return 0
 
 
 def _train(rest: list[str]) -> int:
-    dry_run = "--dry-run" in rest
-    rest = [a for a in rest if a != "--dry-run"]
-    args, rest, unfolded = _unfold(rest)
-    if unfolded.study and not args.multirun:
-        print(f"slca-exp: sweep={unfolded.study} is a sweep: add -m", file=sys.stderr)
-        return EXIT_BAD_CONFIG
-    if unfolded.profile is not None and unfolded.profile.kind != "basic" and not args.multirun:
-        # Hydra runs a single job here whatever the launcher; a profile that submits makes the
+    dry_run, offline = "--dry-run" in rest, "--offline" in rest
+    command = _command([a for a in rest if a not in _OWN_FLAGS])
+    args, rest = command.args, command.rest
+    if args.cfg and not args.config_path:
+        return _show_cfg(command, probe=not offline)
+    if command.submits and not args.multirun:
+        # Hydra runs a single job here whatever the launcher; a launcher that submits makes the
         # job a sweep of one, so `train launcher=slurm_cpu` goes to the cluster.
         rest = ["-m", *rest]
         args = _parse(rest)
     informational = args.help or args.hydra_help or args.shell_completion or args.info
-    # With --config-path the primary config is not ours to pre-check; the task validates it.
-    cfgs: list = []
-    verl_jobs: list = []  # engine=verl: its verl config is shown (--cfg) or written (--dry-run)
-    if not (informational or args.config_path):
-        if args.cfg or dry_run:
-            status, cfgs, verl_jobs = _check_showing_verl(args, unfolded.problems)
-        else:
-            status, cfgs = _check(args, unfolded.problems)
-        if status:
-            return status
-    elif unfolded.problems:
-        print(f"slca-exp: {ConfigError(unfolded.problems)}", file=sys.stderr)
-        return EXIT_BAD_CONFIG
     from slca_exp import train
 
-    # A dry run checks every job's config only: building the recipe may write the data cache.
-    if not (informational or args.config_path or args.cfg or dry_run):
-        # The recipe (data files, prompts) and the engine, for every job, before Hydra creates
-        # an output folder or a tracker opens a run.
-        status = train.check_jobs(cfgs)
-        if status:
-            return status
+    if informational or args.config_path:
+        # With --config-path the primary config is not ours to pre-check; the task validates it.
+        if command.problems:
+            return _refused(command.problems)
+        sys.argv = ["slca-exp", *rest]
+        train.main()
+        return 0
+    # Every job, before Hydra creates an output folder or a tracker opens a run.
+    checked = _preflight(command, probe=dry_run and not offline)
+    if checked.problems:
+        return _refused(checked.problems)
     if dry_run:
         from slca_exp.launch.dry_run import describe
 
+        for note in checked.notes:
+            print(f"slca-exp: {note}")
+        verl_jobs = [c for c in checked.typed if c.engine.name == "verl"]
         if verl_jobs and (status := _verl_configs(verl_jobs, write=True)):
             return status
-
-        print(describe(unfolded.launcher, unfolded.profile, expand_sweeps(args.overrides)))
+        print(describe(command.launcher, command.profile, checked.jobs))
         return 0
     sys.argv = ["slca-exp", *rest]
     train.main()
-    if args.cfg and verl_jobs:
-        return _verl_configs(verl_jobs, write=False)
+    return 0
+
+
+def _show_cfg(command: _Command, *, probe: bool) -> int:
+    """``--cfg job|hydra|all``: every job's config, printed once every job passed the checks.
+
+    Works with every launcher and with ``-m``: Hydra prints one job's config at a time (it
+    refuses ``--cfg`` with ``-m``), so each job of a sweep is printed under its overrides.
+    Whatever Hydra prints goes through the run's redactor first.
+    """
+    from hydra.core.global_hydra import GlobalHydra
+
+    from slca_exp import train
+    from slca_exp.tracking.redact import Redactor
+
+    checked = _preflight(command, probe=probe)
+    if checked.problems:
+        return _refused(checked.problems)
+    args = command.args
+    flags = [a for a in command.rest if a not in ("-m", "--multirun")]
+    for override in args.overrides:
+        flags.remove(override)
+    for i, (job, config) in enumerate(zip(checked.jobs, checked.typed, strict=True)):
+        if len(checked.jobs) > 1:
+            print(f"# job #{i}: {' '.join(job) or '(defaults)'}")
+        shown = io.StringIO()
+        GlobalHydra.instance().clear()
+        sys.argv = ["slca-exp", *flags, *job]
+        with contextlib.redirect_stdout(shown):
+            train.main()
+            if config.engine.name == "verl":
+                status = _verl_configs([config], write=False)
+                if status:
+                    return status
+        print(Redactor.for_config(config).text(shown.getvalue()), end="")
     return 0
 
 
 # --- engine=verl: `train --cfg job` shows, `train --dry-run` checks and writes the verl config ---
 
 
-def _check_showing_verl(args, found: Sequence[Problem]) -> tuple[int, list, list]:  # noqa: ANN001
-    """:func:`_check`, plus the typed configs of the ``engine=verl`` jobs (to show or write).
-
-    Returns:
-        ``(0 or 2, the jobs' composed configs, the typed configs of the verl jobs)``.
-
-    """
-    from slca_exp.config.validate import validate
-
-    status, cfgs = _check(args, found)
-    if status:
-        return status, [], []
-    return 0, cfgs, [validate(cfg) for cfg in cfgs if cfg.engine.name == "verl"]
-
-
 def _verl_configs(configs: list, *, write: bool) -> int:
-    """Print (``--cfg``) or check and write (``--dry-run``) each verl job's translated configs.
+    """Print (``--cfg``) or write (``--dry-run``) each verl job's translated configs.
 
     The RL config (``ppo_trainer.yaml`` and its side files) and, when ``engine.sft.enabled``,
-    the SFT config (``sft_trainer.yaml``).
+    the SFT config (``sft_trainer.yaml``). verl's own validation of them is part of the checks
+    every job passed before (the engine's check); nothing is built for them here (a built-in
+    backbone's checkpoint is named as built at launch).
 
     Returns:
-        0, or 2 after naming every problem (verl's own validation included); then nothing is
-        written.
+        0, or 2 after naming every problem; then nothing is written.
 
     """
     from omegaconf import OmegaConf
 
     from slca_exp.engines.verl import config as verl
     from slca_exp.engines.verl import sft
-    from slca_exp.engines.verl.checks import check_verl_config
+    from slca_exp.preflight import creating_nothing
 
     translated, problems = [], []
     for config in configs:
         try:
-            cfg = verl.verl_config(config)
-            sft_cfg = sft.sft_config(config) if config.engine.sft.enabled else None
+            with creating_nothing():
+                cfg = verl.verl_config(config)
+                sft_cfg = sft.sft_config(config) if config.engine.sft.enabled else None
         except ConfigError as err:
             problems += err.problems
             continue
-        if write:
-            problems += check_verl_config(cfg)
-            problems += sft.check_sft_config(sft_cfg) if sft_cfg is not None else []
         translated.append((config, cfg, sft_cfg))
     if problems:
         print(f"slca-exp: {ConfigError(problems)}", file=sys.stderr)

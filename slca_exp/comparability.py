@@ -3,8 +3,9 @@
 Each run records five components (``slca_exp.recipe.COMPONENTS``: backbone, reward, judge,
 simulator, data) in ``recipe.json`` and as short ``slca.<component>`` tags. Runs with one
 ``slca.fingerprint`` share all five; otherwise the components are compared one by one (from
-``recipe.json``, else from the tags). A component counts as swept when a swept key lies under it
-(``judge.model``, ``judge=llm``) or the sweep varied ``experiment``.
+``recipe.json``, else from the tags and, for the data split, the run's MLflow dataset inputs).
+A component counts as swept when a swept key lies under it (``judge.model``, ``judge=llm``) or
+the sweep varied ``experiment``.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from slca_exp.recipe import COMPONENTS
+from slca_exp.tracking.lineage import run_datasets
 from slca_exp.tracking.sweep_runs import no_progress_bar
 
 _HASH_SUFFIXES = ("_sha256", "_hash", "sha256")
@@ -34,7 +36,8 @@ class Difference:
     def message(self) -> str:
         """One line naming the component, the values and the fields."""
         values = "; ".join(
-            f"{v!r} in {len(r)} run(s) ({', '.join(_short(r))})" for v, r in self.values.items()
+            f"{v!r} in {len(r)} run{'' if len(r) == 1 else 's'} ({', '.join(_short(r))})"
+            for v, r in self.values.items()
         )
         where = f" (differing fields: {', '.join(self.fields[:5])})" if self.fields else ""
         return f"runs differ in {self.component}, which was not swept: {values}{where}"
@@ -81,7 +84,11 @@ def differences(client: Any, runs: Sequence[Any], swept: Sequence[str]) -> list[
 
 
 def _recipe_components(client: Any, run: Any) -> dict[str, Any]:
-    """The five components from the run's recipe.json, else its ``slca.*`` tags."""
+    """The five components from the run's recipe.json, else its ``slca.*`` tags.
+
+    Without recipe.json the data split is read from the run's MLflow dataset inputs (split name
+    -> digest) when it has them: they name the files' contents, the tag only their origin.
+    """
     try:
         import mlflow
 
@@ -89,7 +96,11 @@ def _recipe_components(client: Any, run: Any) -> dict[str, Any]:
             recipe = mlflow.artifacts.load_dict(f"{run.info.artifact_uri}/recipe.json")
         return {c: recipe[c] for c in COMPONENTS if c in recipe}
     except Exception:  # no recipe.json (older run, logged by another tool): compare tags
-        return {c: run.data.tags.get(f"slca.{c}") for c in COMPONENTS}
+        found = {c: run.data.tags.get(f"slca.{c}") for c in COMPONENTS}
+        splits = run_datasets(run)
+        if splits:
+            found["data"] = splits
+        return found
 
 
 def _field(component: Any, dotted: str) -> Any:  # noqa: ANN401 - any JSON value

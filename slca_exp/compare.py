@@ -1,11 +1,14 @@
 """``slca-exp compare``: a table and plots of a sweep's runs, and a comparability guard.
 
     slca-exp compare EXPERIMENT_OR_SWEEP [--metric M ...] [--strict] [--tracking-uri URI]
-                     [--out DIR] [--ui-url URL]
+                     [--out DIR] [--ui-url URL] [--smooth W]
 
 EXPERIMENT_OR_SWEEP is a sweep id (tag ``slca.sweep``), a sweep's parent run id, or an MLflow
 experiment name (all its runs but sweep parents). The table has one row per run, or one per
-combination of swept values with mean +/- std over runs that differ only in ``seed``. Plots are
+combination of swept values with mean +/- std over runs that differ only in ``seed``; on the
+console it fits :data:`TABLE_WIDTH` columns (long names wrapped), ``table.md`` keeps them whole.
+The plots group the runs the same way: one mean curve per group with a band of one std over its
+seeds, smoothed with ``--smooth`` (TensorBoard's EMA), validation values as markers. They are
 written to ``--out``; the MLflow UI's compare-page URL is printed. The comparability guard
 (``slca_exp/comparability.py``) warns, or with ``--strict`` refuses (exit 2), when runs differ in
 a recipe component that was not swept.
@@ -18,12 +21,14 @@ import difflib
 import json
 import math
 import os
+import re
 import statistics
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from slca_exp.comparability import differences
 from slca_exp.tracking import sweep_runs
@@ -39,6 +44,9 @@ SEED_KEYS = ("seed",)
 LOWER_IS_BETTER = ("loss", "failures", "latency_ms", "step_s", "no_call", "zeroed_group_frac")
 """A metric whose name contains one of these is best at its minimum; every other at its maximum."""
 _VOLATILE_PARAMS = ("run_name",)
+TABLE_WIDTH = 120
+"""The console table's width: long names wrap onto several lines to stay within it."""
+_MIN_COLUMN = 6
 
 
 class CompareError(Exception):
@@ -123,9 +131,7 @@ def table(
     (then each metric cell is ``mean +/- std`` over them, and ``n`` counts them).
     """
     keys = [k for k in selection.swept if k not in SEED_KEYS]
-    groups: dict[tuple, list[Any]] = {}
-    for run in selection.runs:
-        groups.setdefault(_group_key(run, keys), []).append(run)
+    groups = group_runs(selection)
     per_run = all(len(g) == 1 for g in groups.values())
     header = (["run"] + ([] if keys else ["name"])) if per_run else ["n", "seeds"]
     header += keys
@@ -146,6 +152,18 @@ def table(
             row += [_cell(finals), _cell(bests)]
         rows.append(row)
     return header, rows
+
+
+def group_runs(selection: Selection) -> dict[tuple, list[Any]]:
+    """The runs grouped as the table rows them: by swept values other than the seed.
+
+    Runs that also differ in an unswept param stay apart (the comparability guard names it).
+    """
+    keys = [k for k in selection.swept if k not in SEED_KEYS]
+    groups: dict[tuple, list[Any]] = {}
+    for run in selection.runs:
+        groups.setdefault(_group_key(run, keys), []).append(run)
+    return groups
 
 
 def _group_key(run: Any, keys: Sequence[str]) -> tuple:
@@ -181,49 +199,142 @@ def _cell(values: list[float | None]) -> str:
     return f"{statistics.fmean(present):.4g} +/- {std:.2g}{missing}"
 
 
-def format_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    """Fixed-width text table."""
-    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
-    lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True))]
-    lines.append("  ".join("-" * w for w in widths))
-    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
+def format_table(
+    header: Sequence[str], rows: Sequence[Sequence[str]], width: int = TABLE_WIDTH
+) -> str:
+    """Fixed-width text table within ``width`` columns (when it can be: 6 per column at least).
+
+    The widest columns are narrowed first; a cell longer than its column wraps onto more lines,
+    breaking at a space or after ``/``, ``.``, ``_`` before a letter where it can. Rows that
+    wrap are set apart by a blank line.
+
+    >>> print(format_table(["run", "reward/total/mean (final)"], [["ab12", "0.5"]], width=20))
+    run   reward/total/
+          mean (final)
+    ----  --------------
+    ab12  0.5
+    """
+    columns = [[h, *(r[i] for r in rows)] for i, h in enumerate(header)]
+    widths = [max(len(c) for c in cells) for cells in columns]
+    gaps = 2 * (len(widths) - 1)
+    # narrow the widest columns, first no further than their longest word, then to the minimum
+    for floors in ([max(_MIN_COLUMN, *map(_longest_word, cells)) for cells in columns], None):
+        while sum(widths) + gaps > width:
+            narrowable = [
+                i for i, w in enumerate(widths) if w > (floors[i] if floors else _MIN_COLUMN)
+            ]
+            if not narrowable:
+                break
+            widths[max(narrowable, key=lambda i: widths[i])] -= 1
+    lines = _wrapped_row(header, widths)
+    lines.append("  ".join("-" * w for w in widths).rstrip())
+    body = [_wrapped_row(row, widths) for row in rows]
+    spaced = any(len(block) > 1 for block in body)
+    for i, block in enumerate(body):
+        if spaced and i:
+            lines.append("")
+        lines += block
     return "\n".join(lines)
 
 
+def _wrapped_row(cells: Sequence[str], widths: Sequence[int]) -> list[str]:
+    """The text lines of one table row, each cell wrapped to its column's width."""
+    parts = [_wrap(str(c), w) for c, w in zip(cells, widths, strict=True)]
+    height = max(len(p) for p in parts)
+    return [
+        "  ".join(
+            (p[i] if i < len(p) else "").ljust(w) for p, w in zip(parts, widths, strict=True)
+        ).rstrip()
+        for i in range(height)
+    ]
+
+
+def _words(text: str) -> list[str]:
+    """The pieces a cell may be broken into (each keeps its trailing space or separator)."""
+    spaced = re.sub(r"([/._])(?=[A-Za-z])", "\\1\0", text)
+    return [w for chunk in spaced.split(" ") for w in (chunk + " ").split("\0")]
+
+
+def _longest_word(text: str) -> int:
+    return max((len(w.rstrip()) for w in _words(text)), default=0)
+
+
+def _wrap(text: str, width: int) -> list[str]:
+    """``text`` in lines of at most ``width`` characters, broken at spaces or after ``/ . _``.
+
+    Only a ``/ . _`` followed by a letter is a break (``reward/tool``, ``tool_weights``), so that
+    ``+/-`` and numbers such as ``0.9`` stay whole.
+    """
+    if len(text) <= width:
+        return [text]
+    words = _words(text)
+    lines, line = [], ""
+    for word in words:
+        if line and len((line + word).rstrip()) > width:
+            lines.append(line.rstrip())
+            line = ""
+        while len(word.rstrip()) > width:  # a word longer than the column: cut it
+            lines.append(word[:width])
+            word = word[width:]
+        line += word
+    if line.strip():
+        lines.append(line.rstrip())
+    return lines
+
+
 def compare_url(ui_url: str, selection: Selection) -> str:
-    """The MLflow UI's compare page for the selected runs."""
+    """The MLflow UI's compare page for the selected runs (query values percent-encoded)."""
     runs = json.dumps([r.info.run_id for r in selection.runs], separators=(",", ":"))
     experiments = json.dumps(selection.experiment_ids, separators=(",", ":"))
-    return f"{ui_url.rstrip('/')}/#/compare-runs?runs={runs}&experiments={experiments}"
+    query = f"runs={quote(runs, safe='')}&experiments={quote(experiments, safe='')}"
+    return f"{ui_url.rstrip('/')}/#/compare-runs?{query}"
 
 
-def write_plots(client: Any, selection: Selection, out: Path) -> list[Path]:
-    """``rewards.png`` and ``advantages.png``: per-segment curves, one line per run."""
-    from slca_exp.tracking.plots import ADVANTAGE_CURVES, REWARD_CURVES, plot_curves
+def write_plots(client: Any, selection: Selection, out: Path, *, smooth: float = 0.0) -> list[Path]:
+    """``rewards.png`` and ``advantages.png``: per-segment curves, one per group of runs.
+
+    The runs are grouped as the table groups them (:func:`group_runs`): each group is drawn as
+    its mean curve with a band of one std over its runs (its seeds), each run smoothed first
+    with an EMA of weight ``smooth``; the validation values of a panel's metric are markers.
+    """
+    from slca_exp.tracking.plots import ADVANTAGE_CURVES, REWARD_CURVES, plot_groups
 
     figures = {
         "rewards": REWARD_CURVES,
         "advantages": ADVANTAGE_CURVES + tuple(adv(seg, "std") for seg in SEGMENTS),
     }
-    legend = _legend(selection)
-    curves: dict[str, dict[str, list[tuple[int, float]]]] = {}
-    for run in selection.runs:
-        logged = run.data.metrics
-        curves[legend[run.info.run_id]] = {
-            name: [
-                (m.step, m.value)
-                for m in client.get_metric_history(run.info.run_id, mlflow_key(name))
-            ]
-            for names in figures.values()
-            for name in names
-            if mlflow_key(name) in logged
-        }
+    wanted = [name for names in figures.values() for name in names]
+    wanted += [f"val/{name}" for name in wanted]
+    groups: dict[str, list[dict[str, list[tuple[int, float]]]]] = {}
+    for label, runs in _group_labels(selection).items():
+        groups[label] = [
+            {
+                name: [
+                    (m.step, m.value)
+                    for m in client.get_metric_history(run.info.run_id, mlflow_key(name))
+                ]
+                for name in wanted
+                if mlflow_key(name) in run.data.metrics
+            }
+            for run in runs
+        ]
     written = []
     for figure, names in figures.items():
-        path = plot_curves(curves, names, out / f"{figure}.png", title=selection.label)
+        path = plot_groups(
+            groups, names, out / f"{figure}.png", title=selection.label, smooth=smooth
+        )
         if path is not None:
             written.append(path)
     return written
+
+
+def plural(count: int, noun: str) -> str:
+    """``1 run``, ``2 runs``.
+
+    >>> plural(1, "run"), plural(0, "run")
+    ('1 run', '0 runs')
+    """
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
 
 
 # -- command line ---------------------------------------------------------------------------------
@@ -231,7 +342,13 @@ def write_plots(client: Any, selection: Selection, out: Path) -> list[Path]:
 
 def main(argv: Sequence[str]) -> int:
     """Run ``slca-exp compare``; returns the exit status (0, or 2 for an error or a refusal)."""
-    args = _parser().parse_args(list(argv))
+    parser = _parser()
+    args = parser.parse_args(list(argv))
+    if not 0.0 <= args.smooth < 1.0:
+        parser.error(
+            f"--smooth {args.smooth} is outside [0, 1): it is the EMA weight of the plots' "
+            "curves (0 = none, 0.6 = TensorBoard's default, 0.9 = strong)"
+        )
     from mlflow.tracking import MlflowClient
 
     from slca_exp.tracking.sweep import default_tracking_uri
@@ -271,14 +388,13 @@ def main(argv: Sequence[str]) -> int:
             return EXIT_REFUSED
         print(f"slca-exp compare: warning: no run logged {metric!r}", file=sys.stderr)
     header, rows = table(client, selection, metrics)
-    print(
-        f"{selection.label}: {len(selection.runs)} runs; swept: {', '.join(selection.swept) or '-'}"
-    )
+    swept = ", ".join(selection.swept) or "-"
+    print(f"{selection.label}: {plural(len(selection.runs), 'run')}; swept: {swept}")
     print(format_table(header, rows))
     out = Path(args.out or Path("outputs") / "compare" / _safe(args.target))
     out.mkdir(parents=True, exist_ok=True)
     (out / "table.md").write_text(sweep_runs.markdown_table(header, rows))
-    for path in write_plots(client, selection, out):
+    for path in write_plots(client, selection, out, smooth=args.smooth):
         print(f"plot: {path}")
     print(f"table: {out / 'table.md'}")
     ui = args.ui_url or (uri if uri.startswith(("http://", "https://")) else DEFAULT_UI_URL)
@@ -313,19 +429,35 @@ def _parser() -> argparse.ArgumentParser:
         help="MLflow UI base URL for the compare link; default $SLCA_EXP_MLFLOW_UI, the "
         f"tracking server, or {DEFAULT_UI_URL}",
     )
+    parser.add_argument(
+        "--smooth",
+        type=float,
+        default=0.0,
+        metavar="W",
+        help="smooth the plots' curves with an EMA of weight W in [0, 1), as TensorBoard does "
+        "(0.6 is its default); default 0: the logged values",
+    )
     return parser
 
 
-def _legend(selection: Selection) -> dict[str, str]:
-    """Run id -> a unique legend label: its swept values (and seed), else its run name."""
-    labels: dict[str, str] = {}
-    for run in selection.runs:
-        text = " ".join(f"{k}={swept_value(run, k)}" for k in selection.swept)
-        text = text or run.info.run_name or ""
-        if not text or text in labels.values():
-            text = f"{text} [{run.info.run_id[:8]}]".strip()
-        labels[run.info.run_id] = text
-    return labels
+def _group_labels(selection: Selection) -> dict[str, list[Any]]:
+    """A unique legend label -> the runs of one group (:func:`group_runs`).
+
+    The label is the group's swept values other than the seed, with the number of runs when
+    there are several; a run alone in its group without swept values is named after its run.
+    """
+    keys = [k for k in selection.swept if k not in SEED_KEYS]
+    labelled: dict[str, list[Any]] = {}
+    for runs in group_runs(selection).values():
+        first = runs[0]
+        text = " ".join(f"{k}={swept_value(first, k)}" for k in keys)
+        if len(runs) > 1:
+            text = f"{text} (n={len(runs)})".strip()
+        text = text or first.info.run_name or ""
+        if not text or text in labelled:
+            text = f"{text} [{first.info.run_id[:8]}]".strip()
+        labelled[text] = runs
+    return labelled
 
 
 def _known_metric(name: str) -> bool:

@@ -17,7 +17,7 @@ import json
 import os
 import re
 import subprocess
-from dataclasses import asdict, dataclass, is_dataclass
+from dataclasses import asdict, dataclass, field, is_dataclass, replace
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -31,10 +31,14 @@ COMPONENTS = ("backbone", "reward", "judge", "simulator", "data")
 PACKAGES = ("slca-exp", "torch", "verl", "vllm", "mlflow", "wandb")
 """Packages whose installed versions are recorded (None when not installed)."""
 
+PROMPTED = ("judge", "simulator")
+"""The components whose prompt template (or rule) goes to MLflow's prompt registry."""
+
 SWEEP_ID_ENV = "SLCA_EXP_SWEEP_ID"
 """Set by the sweep callback for every job of a multirun; recorded as the ``slca.sweep`` tag."""
 
 _HUB_ID = re.compile(r"[\w.-]+(/[\w.-]+)?")
+_PROMPT_NAME = re.compile(r"[^\w.-]")
 _CHUNK = 1 << 20
 
 
@@ -51,6 +55,11 @@ class Recipe:
         seed: the run's seed.
         sweep_id: the multirun this run belongs to (``$SLCA_EXP_SWEEP_ID``), else None.
         fingerprint: sha256 (hex) of the canonical JSON of the five components.
+        prompts: ``judge`` / ``simulator`` -> its template in MLflow's prompt registry:
+            ``name`` (stable, :func:`prompt_registry_name`), ``sha256`` (the component's
+            ``prompt_sha256``) and ``version`` (None until the MLflow tracker registered it). Not
+            part of the fingerprint: a version number belongs to one store.
+        prompt_texts: the registered texts (not in :meth:`to_dict`; the registry keeps them).
 
     """
 
@@ -66,6 +75,8 @@ class Recipe:
     seed: int
     sweep_id: str | None
     fingerprint: str
+    prompts: dict[str, dict[str, Any]] = field(default_factory=dict)
+    prompt_texts: dict[str, str] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def short_fingerprint(self) -> str:
@@ -77,8 +88,18 @@ class Recipe:
         return {name: getattr(self, name) for name in COMPONENTS}
 
     def to_dict(self) -> dict[str, Any]:
-        """Everything, as a JSON-able dict (written as ``recipe.json``)."""
-        return asdict(self)
+        """Everything but the prompt texts, as a JSON-able dict (written as ``recipe.json``)."""
+        out = asdict(self)
+        del out["prompt_texts"]
+        return out
+
+    def with_prompt_versions(self, versions: dict[str, str]) -> Recipe:
+        """A copy with the registry versions of its prompts (``judge`` -> ``"3"``)."""
+        prompts = {
+            group: {**entry, "version": versions.get(group, entry.get("version"))}
+            for group, entry in self.prompts.items()
+        }
+        return replace(self, prompts=prompts)
 
     def to_json(self) -> str:
         """:meth:`to_dict` as indented JSON with sorted keys."""
@@ -115,6 +136,7 @@ def build_recipe(config: RunConfig) -> Recipe:
     }
     if problems:
         raise ConfigError(problems)
+    prompts, texts = _prompts(config, components)
     return Recipe(
         **components,
         algorithm=_plain(config.algorithm),
@@ -124,6 +146,8 @@ def build_recipe(config: RunConfig) -> Recipe:
         seed=config.seed,
         sweep_id=os.environ.get(SWEEP_ID_ENV) or None,
         fingerprint=fingerprint(components),
+        prompts=prompts,
+        prompt_texts=texts,
     )
 
 
@@ -293,6 +317,52 @@ def _service(group: str, svc: ServiceConfig, problems: list[Problem]) -> dict[st
         return {"name": svc.name, "backend": svc.backend}
 
 
+def prompt_registry_name(group: str, description: dict[str, Any]) -> str:
+    """The stable prompt-registry name of a judge's or simulator's template.
+
+    ``slca-exp.<group>.<template file stem>`` for a template file, else
+    ``slca-exp.<group>.<backend>`` (a rule such as the rubric's); editing the template adds a
+    version under the same name.
+
+    Example:
+        >>> prompt_registry_name("judge", {"backend": "openai", "prompt": "hierr_judge_v1.txt"})
+        'slca-exp.judge.hierr_judge_v1'
+        >>> prompt_registry_name("simulator", {"backend": "replay", "prompt_version": "replay-v2"})
+        'slca-exp.simulator.replay'
+
+    """
+    prompt = description.get("prompt")
+    stem = Path(str(prompt)).stem if prompt else description.get("backend") or description["name"]
+    return _PROMPT_NAME.sub("_", f"slca-exp.{group}.{stem}")
+
+
+def _prompts(
+    config: RunConfig, components: dict[str, Any]
+) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
+    """The registry entries and texts of the judge's and simulator's templates.
+
+    A backend that has no text to register, or whose text does not hash to the recorded
+    ``prompt_sha256``, is left out: a registry version must stand for exactly that sha256.
+    """
+    from slca_exp.judges import JUDGES
+    from slca_exp.simulators import SIMULATORS
+
+    registries = {"judge": JUDGES, "simulator": SIMULATORS}
+    entries: dict[str, dict[str, Any]] = {}
+    texts: dict[str, str] = {}
+    for group in PROMPTED:
+        svc = getattr(config, group)
+        described = components[group]
+        text = registries[group].get(svc.backend).prompt_text(svc)
+        sha = described.get("prompt_sha256")
+        if text is None or hashlib.sha256(text.encode()).hexdigest() != sha:
+            continue
+        name = prompt_registry_name(group, described)
+        entries[group] = {"name": name, "sha256": sha, "version": None}
+        texts[group] = text
+    return entries, texts
+
+
 def _data(config: RunConfig, problems: list[Problem]) -> dict[str, Any]:
     """Each split's path, sha256 and row count; every row is checked (``data/rows.py``).
 
@@ -312,8 +382,12 @@ def _data(config: RunConfig, problems: list[Problem]) -> dict[str, Any]:
 
         # (rows, seed) and the generator version determine the split; the hashes prove it.
         out.update(rows=d.rows, sizes=split_sizes(d.rows), generator=DOMAIN_VERSION)
-    if problems and d.kind == "synthetic":
-        return out  # generating would create files for a recipe that is refused anyway
+    from slca_exp.preflight import may_create
+
+    if d.kind == "synthetic" and (problems or not may_create()):
+        # Generating would create files for a recipe that is refused anyway, or during a check
+        # that only looks (validate, --dry-run: the split "will be generated").
+        return out
     try:
         out["files"] = recorded_files(config)
     except DataError as err:

@@ -3,7 +3,8 @@
     validate -> build_recipe -> build_tracker -> engine.run(config, recipe, tracker) -> finish
 
 Everything that can refuse a run (a bad config, an incomplete recipe, no such engine) happens in
-:func:`prepare`, which ``slca-exp train`` also calls for every job before Hydra starts, so that a
+:func:`prepare`, whose checks (:func:`slca_exp.preflight.check_run`) ``slca-exp train`` also runs
+for every job before Hydra starts, as ``validate``, ``--dry-run`` and ``--cfg`` do, so that a
 refused run creates nothing: no output folder, no MLflow run.
 """
 
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import hydra
@@ -19,19 +20,22 @@ from omegaconf import DictConfig, OmegaConf
 
 from slca_exp.config.compose import CONFIG_DIR, CONFIG_NAME
 from slca_exp.config.schema import RunConfig
-from slca_exp.config.validate import ConfigError, validate
+from slca_exp.config.validate import ConfigError
 from slca_exp.engines import ENGINES
 from slca_exp.launch.requeue import preemption_requeues
-from slca_exp.plugins import load_plugins
-from slca_exp.recipe import Recipe, build_recipe
+from slca_exp.preflight import check_run
+from slca_exp.recipe import Recipe
 from slca_exp.registry import RegistryError
+from slca_exp.services.outage import ServiceOutage, outage_message
 from slca_exp.tracking.base import EXIT_KILLED, RunKilled, tracked_run
 from slca_exp.tracking.build import build_tracker
+from slca_exp.tracking.console import mirrored_to_job_log
 from slca_exp.tracking.mlflow import TrackingError
 from slca_exp.tracking.redact import Redactor, install_log_redaction, redact_hydra_output
 
 EXIT_BAD_CONFIG = 2
 EXIT_TRACKING = 1
+EXIT_OUTAGE = 1
 
 
 class JobKilled(RuntimeError):
@@ -39,7 +43,7 @@ class JobKilled(RuntimeError):
 
 
 def prepare(cfg: DictConfig) -> tuple[RunConfig, Any, Recipe]:
-    """Validate ``cfg``, find its engine and build its recipe; nothing is created.
+    """Validate ``cfg``, build its recipe (generating a synthetic split), find its engine.
 
     Raises:
         ConfigError: the config, its recipe or the engine's own check has problems (all of
@@ -47,15 +51,7 @@ def prepare(cfg: DictConfig) -> tuple[RunConfig, Any, Recipe]:
         RegistryError: no engine of that name is installed.
 
     """
-    load_plugins()  # a job may run in a fresh process (submitit, SLURM): register plugins there
-    config = validate(cfg)
-    recipe = build_recipe(config)
-    engine = ENGINES.get(config.engine.name)
-    check = getattr(engine, "check", None)  # the engine's own checks (engine=verl: verl's)
-    problems = check(config, recipe) if callable(check) else []
-    if problems:
-        raise ConfigError(problems)
-    return config, engine, recipe
+    return check_run(cfg, ENGINES)  # validate's checks, generating what the run needs
 
 
 def run(cfg: DictConfig) -> object:
@@ -109,12 +105,14 @@ def _run_prepared(
     tracker = build_tracker(config, recipe, redactor, resume=resume)
     params = OmegaConf.to_container(cfg, resolve=True)
     # On SLURM, a time limit or a preemption checkpoints the engine, then requeues the job.
-    with (
-        preemption_requeues(checkpointable=callable(resume_ids)),
-        tracked_run(tracker, recipe, params, started=_remembering(engine, config)),
-    ):
-        result = engine.run(config, recipe, tracker)
-    _where_to_look(config, tracker)
+    try:
+        with (
+            preemption_requeues(checkpointable=callable(resume_ids)),
+            tracked_run(tracker, recipe, params, started=_remembering(engine, config)),
+        ):
+            result = engine.run(config, recipe, tracker)
+    finally:  # every run ends saying where its results are, a failed or killed one too
+        _where_to_look(config, tracker, engine)
     return result
 
 
@@ -138,31 +136,24 @@ def _remembering(
     return started
 
 
-def _where_to_look(config: RunConfig, tracker: object) -> None:
-    """Say where the run was recorded and how to open it."""
-    ids = getattr(tracker, "run_ids", lambda: {})()
-    if "mlflow" not in ids:
+def _where_to_look(
+    config: RunConfig,
+    tracker: object,
+    engine: Any,  # noqa: ANN401 - any registered engine
+) -> None:
+    """Say where the run was recorded, how to open and compare it, and what failed on the way.
+
+    Only rank 0 of a multi-task job says it (the other ranks record nothing).
+    """
+    from slca_exp.tracking.base import global_rank
+    from slca_exp.tracking.closing import run_lines, say
+
+    if global_rank() != 0:
         return
-    from slca_exp.tracking.mlflow import store_uri
-
-    uri = store_uri(config.tracking)
-    print(f"slca-exp: MLflow run {ids['mlflow']} in {uri}", file=sys.stderr)
-    if uri.startswith("sqlite:"):
-        print(
-            f"slca-exp: open it with: mlflow ui --backend-store-uri {uri} --port 5000",
-            file=sys.stderr,
-        )
-
-
-def check_jobs(cfgs: Sequence[DictConfig]) -> int:
-    """Prepare every job's composed config without running it; print why not. 0 or 2."""
     try:
-        for cfg in cfgs:
-            prepare(cfg)
-    except (ConfigError, RegistryError) as err:
-        _report(err)
-        return EXIT_BAD_CONFIG
-    return 0
+        say(run_lines(config, tracker, engine))
+    except Exception as err:  # the run's status is final already; say what could not be said
+        print(f"slca-exp: could not list where the run's results are: {err}", file=sys.stderr)
 
 
 @hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name=CONFIG_NAME)
@@ -173,26 +164,32 @@ def main(cfg: DictConfig) -> object:
     records an exception as the task's result, so the launching process learns at once that the
     job is over, even on a cluster whose accounting (``sacct``) says nothing.
     """
-    in_submitit = bool(os.environ.get("SUBMITIT_EXECUTOR"))
-    try:
-        return run(cfg)
-    except (ConfigError, RegistryError) as err:
-        _report(err)
-        if in_submitit:
-            raise
-        sys.exit(EXIT_BAD_CONFIG)
-    except TrackingError as err:
-        print(f"slca-exp: {err}", file=sys.stderr)
-        if in_submitit:
-            raise
-        sys.exit(EXIT_TRACKING)
-    except (RunKilled, KeyboardInterrupt) as err:
-        print("slca-exp: run stopped by a signal; recorded as KILLED", file=sys.stderr)
-        if in_submitit:
-            raise JobKilled(
-                f"run stopped by a signal ({err or 'scancel'}); recorded as KILLED"
-            ) from None
-        sys.exit(EXIT_KILLED)
+    with mirrored_to_job_log():  # the job's train.log keeps its slca-exp: lines
+        in_submitit = bool(os.environ.get("SUBMITIT_EXECUTOR"))
+        try:
+            return run(cfg)
+        except (ConfigError, RegistryError) as err:
+            _report(err)
+            if in_submitit:
+                raise
+            sys.exit(EXIT_BAD_CONFIG)
+        except TrackingError as err:
+            print(f"slca-exp: {err}", file=sys.stderr)
+            if in_submitit:
+                raise
+            sys.exit(EXIT_TRACKING)
+        except ServiceOutage as err:  # also verl's (its trainer raised it in a Ray actor)
+            print(f"slca-exp: {outage_message(err)}", file=sys.stderr)
+            if in_submitit:
+                raise
+            sys.exit(EXIT_OUTAGE)
+        except (RunKilled, KeyboardInterrupt) as err:
+            print("slca-exp: run stopped by a signal; recorded as KILLED", file=sys.stderr)
+            if in_submitit:
+                raise JobKilled(
+                    f"run stopped by a signal ({err or 'scancel'}); recorded as KILLED"
+                ) from None
+            sys.exit(EXIT_KILLED)
 
 
 def _report(err: ConfigError | RegistryError) -> None:

@@ -25,7 +25,7 @@ def test_validate_reports_both_problems_with_full_keys_and_exit_2(tmp_path):
 
 
 def test_validate_accepts_a_good_recipe(tmp_path):
-    res = cli("validate", "algorithm=grpo,toolpo_grpo", "seed=3", cwd=tmp_path)
+    res = cli("validate", "-m", "algorithm=grpo,toolpo_grpo", "seed=3", cwd=tmp_path)
     assert res.returncode == 0, res.stderr
     assert "valid (2 jobs)" in res.stdout
 
@@ -68,6 +68,7 @@ def test_user_config_dir_from_the_command_line(tmp_path):
         "judge=vllm",
         "--cfg",
         "job",
+        "--offline",  # no judge server behind the URL: not probed
         cwd=tmp_path,
     )
     assert res.returncode == 0, res.stderr

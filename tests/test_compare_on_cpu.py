@@ -6,13 +6,18 @@ import os
 import re
 import shutil
 import subprocess
+from urllib.parse import unquote
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 
 from slca_exp.comparability import swept_components
+from slca_exp.compare import _group_labels, _wrap, find_runs, format_table, plural
 from slca_exp.compare import main as compare_main
+from slca_exp.tracking import lineage
 from tests.tracking.sweeps import SLCA_EXE, run_train, shared_sweep
 
 
@@ -34,8 +39,9 @@ def test_a_sweep_gives_a_four_row_table_plots_and_the_compare_url(sweep, tmp_pat
     assert "warning" not in res.stderr  # only the swept components (reward) differ
     lines = res.stdout.splitlines()
     header = next(i for i, line in enumerate(lines) if line.startswith("run "))
-    rows = lines[header + 2 : header + 6]
-    assert not lines[header + 6].startswith(tuple("0123456789abcdef"))  # exactly 4 rows
+    dashes = next(i for i, line in enumerate(lines) if line.startswith("----"))
+    rows = lines[dashes + 1 : dashes + 5]
+    assert lines[dashes + 5].startswith("plot: ")  # exactly 4 rows
     for child in sweep.children:
         row = next(r for r in rows if r.startswith(child.info.run_id[:8]))
         cells = row.split()
@@ -45,7 +51,13 @@ def test_a_sweep_gives_a_four_row_table_plots_and_the_compare_url(sweep, tmp_pat
     for name in ("rewards.png", "advantages.png"):
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
     assert (out / "table.md").read_text().count("\n") == 2 + 4
-    url = re.search(r"MLflow compare page: (\S+)", res.stdout).group(1)
+    # the console table fits 120 columns; table.md keeps the full column names
+    assert max(len(line) for line in lines[header : dashes + 5]) <= 120, res.stdout
+    assert "| reward/total/mean (final) |" in (out / "table.md").read_text()
+    assert "4 runs;" in res.stdout
+    encoded = re.search(r"MLflow compare page: (\S+)", res.stdout).group(1)
+    assert not set(encoded.split("#", 1)[1]) & set('[]"'), encoded  # percent-encoded
+    url = unquote(encoded)
     assert url.startswith("http://127.0.0.1:5000/#/compare-runs?runs=[")
     runs = json.loads(re.search(r"runs=(\[[^]]*\])", url).group(1))
     experiments = json.loads(re.search(r"experiments=(\[[^]]*\])", url).group(1))
@@ -97,8 +109,8 @@ def test_changing_the_judge_in_one_child_makes_strict_refuse(sweep, tmp_path):
     res = compare(sweep.sweep_id, "--tracking-uri", uri, "--strict", cwd=tmp_path)
     assert res.returncode == 2, res.stdout + res.stderr
     assert "runs differ in judge, which was not swept" in res.stderr
-    assert f"'{judge} (backend=rubric, " in res.stderr and "in 3 run(s)" in res.stderr
-    assert f"'{other} (backend=openai, " in res.stderr and "in 1 run(s)" in res.stderr
+    assert f"'{judge} (backend=rubric, " in res.stderr and "in 3 runs (" in res.stderr
+    assert f"'{other} (backend=openai, " in res.stderr and "in 1 run (" in res.stderr
     assert "judge.model" in res.stderr  # a differing field, from recipe.json
     assert "refusing to compare (--strict)" in res.stderr and res.stdout == ""
 
@@ -141,8 +153,14 @@ def test_runs_that_differ_only_in_seed_are_averaged(tmp_path, capsys):
             params=[Param("seed", str(seed)), Param("algorithm.name", algo)],
             tags=[RunTag(k, v) for k, v in tags.items()],
         )
-    assert compare_main(["s1", "--tracking-uri", uri, "--out", str(tmp_path / "o")]) == 0
+    out_dir = tmp_path / "o"
+    args = ["s1", "--tracking-uri", uri, "--out", str(out_dir), "--smooth", "0.6"]
+    assert compare_main(args) == 0
     out = capsys.readouterr().out
+    # the plots group the runs as the table does: one curve per algorithm, over its two seeds
+    labels = _group_labels(find_runs(client, "s1"))
+    assert sorted(labels) == ["algorithm=grpo (n=2)", "algorithm=slca_grpo (n=2)"]
+    assert (out_dir / "rewards.png").is_file()
     grpo = next(line for line in out.splitlines() if line.startswith("2 ") and "slca" not in line)
     slca = next(line for line in out.splitlines() if line.startswith("2 ") and "slca" in line)
     # mean and sample std of the final values; best is the max of each run's history (1.0)
@@ -163,3 +181,68 @@ def test_swept_keys_map_to_recipe_components():
         "simulator",
         "data",
     }
+
+
+CELL = st.text(st.sampled_from("ab0/._ -+"), min_size=1, max_size=60)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 15).flatmap(lambda n: st.tuples(
+    st.lists(CELL, min_size=n, max_size=n),
+    st.lists(st.lists(CELL, min_size=n, max_size=n), max_size=4),
+)))  # fmt: skip
+def test_the_console_table_fits_120_columns_whatever_the_names(table):
+    header, rows = table
+    text = format_table(header, rows)
+    assert max(len(line) for line in text.splitlines()) <= 120
+
+
+@settings(max_examples=100, deadline=None)
+@given(CELL, st.integers(6, 40))
+def test_a_wrapped_cell_keeps_every_character_in_order(text, width):
+    lines = _wrap(text, width)
+    assert all(len(line) <= width for line in lines)
+    assert "".join(lines).replace(" ", "") == text.replace(" ", "")
+
+
+def test_counts_are_written_with_the_right_plural():
+    assert [plural(n, "run") for n in (0, 1, 2)] == ["0 runs", "1 run", "2 runs"]
+
+
+def test_compare_refuses_a_smoothing_weight_outside_0_1(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        compare_main(["s1", "--smooth", "1.5"])
+    assert exit_.value.code == 2
+    assert "--smooth 1.5 is outside [0, 1)" in capsys.readouterr().err
+
+
+def test_a_child_with_another_data_seed_has_other_digests_and_strict_names_data(
+    sweep, tmp_path, capsys
+):
+    # The sweep's children read the same splits: one digest per split, shared by all four.
+    digests = [lineage.run_datasets(sweep.client.get_run(c.info.run_id)) for c in sweep.children]
+    assert len(digests[0]) == 3 and all(d == digests[0] for d in digests)
+    # A copy of the store in which job 3 was re-run on a split generated from another seed.
+    db = tmp_path / "mlflow.db"
+    shutil.copy(sweep.root / "mlflow.db", db)
+    uri = f"sqlite:///{db}"
+    client = MlflowClient(uri)
+    replaced = next(c for c in sweep.children if c.data.tags["slca.job"] == "3")
+    job = replaced.data.tags["slca.overrides"].split()
+    env = {"SLCA_EXP_PARENT_RUN_ID": sweep.parent.info.run_id, "SLCA_EXP_SWEEP_ID": sweep.sweep_id}
+    args = [*job, "data.seed=7", f"tracking.mlflow_uri={uri}"]
+    assert run_train(args, tmp_path / "root", tmp_path, env) == 0
+    client.delete_run(replaced.info.run_id)
+    children = client.search_runs(
+        [sweep.parent.info.experiment_id],
+        f"tags.`mlflow.parentRunId` = '{sweep.parent.info.run_id}'",
+    )
+    (child,) = [c for c in children if c.info.run_id not in {s.info.run_id for s in sweep.children}]
+    reseeded = lineage.run_datasets(client.get_run(child.info.run_id))
+    assert reseeded.keys() == digests[0].keys()
+    assert all(reseeded[name] != digests[0][name] for name in reseeded)
+
+    assert compare_main([sweep.sweep_id, "--tracking-uri", uri, "--strict"]) == 2
+    err = capsys.readouterr().err
+    assert "runs differ in data, which was not swept" in err
+    assert "refusing to compare (--strict)" in err

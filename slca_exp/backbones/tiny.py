@@ -5,7 +5,9 @@ Its byte-level BPE tokenizer is trained with the ``tokenizers`` library on texts
 task needs. The model is initialised from ``seed`` and saved as an ordinary HF checkpoint under
 ``cache_root/backbones/<key>``, where the key hashes everything that determines the bytes (the
 architecture, the corpus, the seed, the chat template, this builder's version and the library
-versions); the same inputs load the cached folder instead of building again.
+versions); the same inputs load the cached folder instead of building again. One process at a
+time builds a key (under ``<folder>.lock``); a folder appears complete, by one rename, or not at
+all.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from slca_exp.backbones.chat import (
     TEXT_TOKENS,
 )
 from slca_exp.config.schema import TinyArchConfig
+from slca_exp.locks import file_lock, lock_path
 
 BUILD_VERSION = 1
 """Bump when this module changes what it builds: cached folders from older builds are ignored."""
@@ -78,7 +81,10 @@ def build_tiny(
     key = hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()
     folder = Path(cache_root) / "backbones" / key[:16]
     if not (folder / MANIFEST).is_file():
-        _build_into(folder, texts, arch, int(seed), inputs)
+        # Jobs started together need the same folder: one builds it, the others wait and load it.
+        with file_lock(lock_path(folder)):
+            if not (folder / MANIFEST).is_file():
+                _build_into(folder, texts, arch, int(seed), inputs)
     return load_folder(
         folder, name=cfg.name, dtype=cfg.dtype, device=device, chat_template=cfg.chat_template
     )
@@ -172,8 +178,8 @@ def _build_into(
 ) -> None:
     """Train, build and save into a private folder, then move it into place (atomic rename).
 
-    Two runs building the same key at once both succeed: the second rename fails and its copy is
-    dropped, the first one's is used.
+    The caller holds the key's lock; should a folder appear anyway (a process that did not lock),
+    the rename fails, this copy is dropped and the other one's is used.
     """
     # Imported before the clock starts, so that the recorded timings measure the work.
     from tokenizers import trainers  # noqa: F401

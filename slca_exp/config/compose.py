@@ -12,6 +12,8 @@ checked before any job starts.
 from __future__ import annotations
 
 import copy
+import dataclasses
+import re
 import typing
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -30,7 +32,8 @@ from slca_exp.config.validate import (
     Problem,
     problems_of,
     schema_at,
-    unknown_key_problem,
+    unknown_path_problem,
+    user_type,
 )
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "conf"
@@ -98,17 +101,21 @@ def compose_jobs(
     *,
     config_name: str = CONFIG_NAME,
     extra_config_dirs: Sequence[str] = (),
+    multirun: bool = True,
 ) -> tuple[list[list[str]], list[DictConfig], list[Problem]]:
     """Expand sweeps, compose every job; ``(jobs, their configs, every problem)``.
 
     The configs are returned only when there is no problem at all. Jobs that choose the same
     config groups share one Hydra composition (a copy each, with their values applied): a grid
-    over weights or seeds composes once.
+    over weights or seeds composes once. Without ``multirun`` (no ``-m``), a list of values is
+    a problem, as Hydra would refuse it once the run starts.
     """
     try:
         jobs = expand_sweeps(overrides)
     except HydraException as err:
         return [], [], [Problem("<overrides>", _first_line(err), "fix the override syntax")]
+    if not multirun and len(jobs) > 1:
+        return jobs, [], sweep_problems(overrides)
     found: dict[Problem, list[list[str]]] = {}
     cfgs: list[DictConfig] = []
     cache: dict[tuple[str, ...], DictConfig | Problem] = {}
@@ -119,6 +126,21 @@ def compose_jobs(
                 found.setdefault(problem, []).append(job)
             if cfg is not None:
                 cfgs.append(cfg)
+    problems = merge_job_problems(found, jobs, overrides)
+    return jobs, ([] if problems else cfgs), problems
+
+
+def merge_job_problems(
+    found: dict[Problem, list[list[str]]], jobs: Sequence[Sequence[str]], overrides: Sequence[str]
+) -> list[Problem]:
+    """One problem per distinct problem of a sweep; one found in only some jobs names them all.
+
+    Args:
+        found: each problem -> the override lists of the jobs that have it.
+        jobs: every job's override list.
+        overrides: the command line's overrides (left out of the job names).
+
+    """
     problems = []
     for problem, where in found.items():
         if len(where) < len(jobs):  # only some jobs of the sweep: say which, all of them
@@ -129,7 +151,25 @@ def compose_jobs(
                 problem.fix,
             )
         problems.append(problem)
-    return jobs, ([] if problems else cfgs), problems
+    return problems
+
+
+def sweep_problems(overrides: Sequence[str]) -> list[Problem]:
+    """A problem for each list of values given without ``-m`` (Hydra's "Ambiguous value")."""
+    problems = []
+    for override in OverridesParser.create().parse_overrides(list(overrides)):
+        if not override.is_sweep_override():
+            continue
+        key = override.key_or_group
+        value = (override.input_line or "").partition("=")[2] or "the values"
+        problems.append(
+            Problem(
+                key,
+                f"{value} is a list of values to sweep over, and -m (multirun) is not given",
+                f"add -m to run one job per value, or give one value ({key}=<value>)",
+            )
+        )
+    return problems
 
 
 def expand_sweeps(overrides: Sequence[str]) -> list[list[str]]:
@@ -167,7 +207,7 @@ def _compose(
         try:
             composed = compose(config_name=config_name, overrides=hydra_overrides)
         except (HydraException, OmegaConfBaseException) as err:
-            composed = _composition_problem(err, hydra_side)
+            composed = _composition_problem(err, hydra_side, extra_config_dirs)
         if cache is not None:
             cache[key] = composed
     if isinstance(composed, Problem):
@@ -217,26 +257,41 @@ def _apply(cfg: DictConfig, override: Override) -> Problem | None:
         with open_dict(cfg):
             OmegaConf.update(cfg, key, value, merge=True, force_add=True)
     except OmegaConfBaseException as err:
-        return Problem(key, _first_line(err), f"give {key} a value of the type {_type_hint(key)}")
+        return _type_problem(key, err, override.value())
     return None
 
 
 def _unknown(key: str) -> Problem:
-    parent = key.rpartition(".")[0]
-    owner = schema_at(parent)
-    if owner is None:
-        return Problem(key, "unknown key", f"check the spelling of {key}")
-    return unknown_key_problem(key, owner)
+    return unknown_path_problem(key)
 
 
-def _type_hint(key: str) -> str:
+def _type_problem(key: str, err: Exception, value: object) -> Problem:
+    """A value of the wrong type, both named as the user writes them (not Python's classes)."""
     parent, _, leaf = key.rpartition(".")
     owner = schema_at(parent)
     hint = typing.get_type_hints(owner).get(leaf) if owner else None
-    return getattr(hint, "__name__", str(hint)) if hint is not None else "the schema expects"
+    if hint is None:
+        return Problem(key, _first_line(err), f"give {key} a value the schema accepts")
+    wanted = user_type(hint)
+    example = ""
+    if dataclasses.is_dataclass(hint):
+        first = dataclasses.fields(hint)[0].name
+        example = f", e.g. {key}.{first}=<value> for one of them"
+    return Problem(
+        key,
+        f"takes {wanted}, got {_as_written(value)}",
+        f"give {key} {wanted}{example}",
+    )
 
 
-def _composition_problem(err: Exception, hydra_side: list[Override]) -> Problem:
+def _as_written(value: object) -> str:
+    """A parsed override value as it was written on the command line."""
+    return repr(value) if isinstance(value, str) else str(value)
+
+
+def _composition_problem(
+    err: Exception, hydra_side: list[Override], extra_config_dirs: Sequence[str] = ()
+) -> Problem:
     text = str(err)
     if isinstance(err, MissingConfigException):
         for override in hydra_side:
@@ -253,7 +308,56 @@ def _composition_problem(err: Exception, hydra_side: list[Override]) -> Problem:
     for line in text.splitlines():
         if "full_key:" in line:
             key = line.split("full_key:", 1)[1].strip()
-    return Problem(key, _first_line(err), "fix the YAML option or the override named above")
+    option = _IN_OPTION.match(text)
+    if option is None or key == "<config>":
+        return Problem(key, _first_line(err), "fix the YAML option or the override named above")
+    # A key of a config option file, the user's own or ours: name the file and the line.
+    where = _origin(option.group("path"), key, _search_dirs(hydra_side, extra_config_dirs))
+    lines = [line.strip() for line in text.splitlines()[1:] if line.strip()]
+    detail = lines[0] if lines else _first_line(err)
+    if detail.startswith("Key '"):  # a key the schema does not have
+        unknown = unknown_path_problem(key)
+        return Problem(key, f"{unknown.what}, in {where}", unknown.fix)
+    parent, _, leaf = key.rpartition(".")
+    owner = schema_at(parent)
+    hint = typing.get_type_hints(owner).get(leaf) if owner else None
+    if hint is None:
+        return Problem(key, f"{detail}, in {where}", f"fix {key} in {where}")
+    value = _GOT.match(detail)
+    got = f"takes {user_type(hint)}, got {value.group(1)!r}" if value else detail
+    return Problem(key, f"{got}, in {where}", f"give {key} {user_type(hint)} in {where}")
+
+
+_GOT = re.compile(r"Value '(.*)' of type '\w+' could not be converted")
+_IN_OPTION = re.compile(r"In '(?P<path>[^']+)': ")
+"""How Hydra names the option file a composition error comes from (``In 'judge/vllm': ...``)."""
+
+
+def _search_dirs(hydra_side: list[Override], extra_config_dirs: Sequence[str]) -> list[Path]:
+    """The config folders in Hydra's order: ours, ``--config-dir``, ``hydra.searchpath``."""
+    dirs = [CONFIG_DIR, *(Path(d) for d in extra_config_dirs)]
+    for override in hydra_side:
+        if override.key_or_group == "hydra.searchpath":
+            value = override.value()
+            for entry in value if isinstance(value, list) else [value]:
+                if str(entry).startswith("file://"):
+                    dirs.append(Path(str(entry).removeprefix("file://")))
+    return dirs
+
+
+def _origin(option: str, key: str, dirs: Sequence[Path]) -> str:
+    """``file:line`` of ``key``'s last part in the option file ``option`` (``judge/vllm``)."""
+    leaf = key.rpartition(".")[2]
+    pattern = re.compile(rf"^\s*{re.escape(leaf)}\s*:")
+    for folder in dirs:
+        path = folder.expanduser().resolve() / f"{option}.yaml"
+        if not path.is_file():
+            continue
+        for number, line in enumerate(path.read_text().splitlines(), start=1):
+            if pattern.match(line):
+                return f"{path}:{number}"
+        return str(path)
+    return f"the option {option}"
 
 
 def _first_line(err: Exception) -> str:

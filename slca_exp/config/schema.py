@@ -81,7 +81,10 @@ class RewardConfig:
         -0.5, "total score when a call was needed and none made", le=0, finite=True
     )
     judge_failure: str = param(
-        "absent", "absent (summary not scored) | zero (paper: score 0)", choices=("absent", "zero")
+        "absent",
+        "absent (summary not scored) | zero (paper: score 0) | stop (absent, and the run stops "
+        "at a step where every judge or simulator request failed)",
+        choices=("absent", "zero", "stop"),
     )
     normalize_strings: bool = param(False, "BFCL-style string normalisation (strict variant)")
 
@@ -404,7 +407,18 @@ class TrackingConfig:
     http_timeout_s: int = param(
         10, "MLflow HTTP timeout in seconds (MLFLOW_HTTP_REQUEST_TIMEOUT wins)", gt=0
     )
+    allow_sqlite_on_network_fs: bool = param(
+        False,
+        "let SLURM or multi-node jobs share the sqlite store on a network filesystem (NFS, "
+        "Lustre, GPFS, ...), whose file locks SQLite cannot rely on; default: refused (use a "
+        "server: tracking.mlflow_uri)",
+    )
     plots: bool = param(True, "log end-of-run plots (reward curves, advantage histograms)")
+    log_model: bool = param(
+        True,
+        "record the final policy as a logged model with a copy of its files; false: a "
+        "reference to where they are (large weights stay put)",
+    )
 
 
 @dataclass

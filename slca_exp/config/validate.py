@@ -106,19 +106,85 @@ def field_names(schema: type) -> list[str]:
     return [f.name for f in dataclasses.fields(schema)]
 
 
-def unknown_key_problem(key: str, schema: type) -> Problem:
-    """The problem for a key the ``schema`` (the dataclass of its parent) does not have."""
-    leaf = key.rsplit(".", 1)[-1]
+def unknown_key_problem(key: str, schema: type, depth: int | None = None) -> Problem:
+    """The problem for a key whose part at ``depth`` the ``schema`` (its parent's) lacks.
+
+    Args:
+        key: the full dotted key as the user wrote it.
+        schema: the dataclass of the parent of the unknown part.
+        depth: index of the unknown part in ``key`` (default: the last part).
+
+    Example:
+        >>> from slca_exp.config.schema import RewardConfig
+        >>> unknown_key_problem("reward.tool_weight.name", RewardConfig, 1).fix.split(".")[:3]
+        ['did you mean reward', 'tool_weights', 'name? Otherwise remove it']
+
+    """
+    parts = key.split(".")
+    depth = len(parts) - 1 if depth is None else depth
+    parent, leaf, tail = ".".join(parts[:depth]), parts[depth], parts[depth + 1 :]
     known = field_names(schema)
-    parent = key.rsplit(".", 1)[0] if "." in key else "the top level"
     close = difflib.get_close_matches(leaf, known, n=1)
-    stem = key.rsplit(".", 1)[0] + "." if "." in key else ""
-    hint = f"did you mean {stem}{close[0]}? Otherwise remove it. " if close else "remove it. "
+    stem = f"{parent}." if parent else ""
+    rest = "".join(f".{t}" for t in tail)
+    hint = f"did you mean {stem}{close[0]}{rest}? Otherwise remove it. " if close else "remove it. "
     return Problem(
         key,
-        f"unknown key (the schema of {parent} has no {leaf!r})",
-        f"{hint}Known keys: {', '.join(known)}",
+        f"unknown key (the schema of {parent or 'the top level'} has no {leaf!r})",
+        f"{hint}Known keys{f' of {parent}' if parent else ''}: {', '.join(known)}",
     )
+
+
+def unknown_path_problem(key: str, root: type = RunConfig) -> Problem:
+    """The problem for a dotted key that is not in the schema, at whatever depth it goes wrong.
+
+    ``reward.tool_weight.name`` is answered at ``tool_weight`` (did you mean
+    ``reward.tool_weights.name``?), not at its last part.
+    """
+    parts = key.split(".")
+    schema = root
+    for depth, part in enumerate(parts):
+        if part not in field_names(schema):
+            return unknown_key_problem(key, schema, depth)
+        sub = _dataclass_in(typing.get_type_hints(schema)[part])
+        if sub is None:
+            head = ".".join(parts[: depth + 1])
+            return Problem(
+                key,
+                f"{head} is a single value ({user_type(typing.get_type_hints(schema)[part])}), "
+                "it has no keys",
+                f"set {head}=<value>",
+            )
+        schema = sub
+    return Problem(key, "unknown key", f"check the spelling of {key}")
+
+
+def user_type(hint: Any) -> str:  # noqa: ANN401 - a type hint
+    """A type as a user writes its values, not as Python names it.
+
+    Example:
+        >>> from slca_exp.config.schema import ToolWeights
+        >>> user_type(ToolWeights)
+        'a mapping of weights (format, name, key, value, parallel)'
+        >>> user_type(float | None), user_type(list[str])
+        ('a number, or null', 'a list (written [a,b])')
+
+    """
+    args = typing.get_args(hint)
+    if type(None) in args:
+        inner = [a for a in args if a is not type(None)]
+        return f"{' or '.join(user_type(a) for a in inner)}, or null"
+    if dataclasses.is_dataclass(hint):
+        names = field_names(hint)  # type: ignore[arg-type]
+        floats = all(t is float for t in typing.get_type_hints(hint).values())
+        return f"a mapping of {'weights' if floats else 'keys'} ({', '.join(names)})"
+    origin = typing.get_origin(hint)
+    if origin in (list, tuple) or hint in (list, tuple):
+        return "a list (written [a,b])"
+    if origin is dict or hint is dict:
+        return "a mapping, e.g. {a: 1}"
+    names = {bool: "true or false", int: "a whole number", float: "a number", str: "a string"}
+    return names.get(hint, getattr(hint, "__name__", str(hint)))
 
 
 def _walk(node: DictConfig, schema: type, prefix: str, problems: list[Problem]) -> None:
@@ -197,8 +263,34 @@ def _check_reward(reward: DictConfig) -> list[Problem]:
     return []
 
 
+LOCAL_BACKENDS = {"judge": "rubric", "simulator": "replay"}
+"""The backend of each service group that runs in-process (no server, no URL)."""
+
+_SECRET_QUERY = re.compile(
+    r"[?&](?P<name>[^=&#]*(?:key|token|secret|passw(?:or)?d|sig(?:nature)?|auth)[^=&#]*)=",
+    re.IGNORECASE,
+)
+
+
+def url_credentials(url: str) -> str | None:
+    """What in ``url`` is a credential (``user:password@``, ``?api_key=...``), or ``None``.
+
+    Example:
+        >>> url_credentials("http://u:secret@host/v1"), url_credentials("http://host/v1?token=x")
+        ('user:password@', 'the query parameter token')
+        >>> url_credentials("http://127.0.0.1:8000/v1") is None
+        True
+
+    """
+    match = _URI.match(url)
+    if match is not None and match.group("auth"):
+        return "user:password@"
+    query = _SECRET_QUERY.search(url)
+    return f"the query parameter {query.group('name')}" if query else None
+
+
 def _check_service(group: str) -> Any:  # noqa: ANN401
-    local = {"judge": "rubric", "simulator": "replay"}[group]
+    local = LOCAL_BACKENDS[group]
 
     def check(service: DictConfig) -> list[Problem]:
         problems = []
@@ -224,6 +316,17 @@ def _check_service(group: str) -> Any:  # noqa: ANN401
                         f"give the path of a template file, or one of: {shipped}",
                     )
                 )
+        url = str(service.base_url or "")  # checked whatever the backend: it is recorded
+        secret = url_credentials(url) if url else None
+        if secret is not None:
+            problems.append(
+                Problem(
+                    f"{group}.base_url",
+                    f"carries credentials ({secret}); configs are recorded, secrets must not be",
+                    f"remove them from the URL, export the key as e.g. MY_API_KEY and set "
+                    f"{group}.api_key_env=MY_API_KEY (it is sent as Authorization: Bearer)",
+                )
+            )
         if service.backend == local:
             return problems
         for key, example in (("model", "my-model"), ("base_url", "http://127.0.0.1:8000/v1")):
@@ -236,7 +339,6 @@ def _check_service(group: str) -> Any:  # noqa: ANN401
                         f"set {group}.{key}={example}, or use {group}.backend={local}",
                     )
                 )
-        url = str(service.base_url or "")
         if url and not url.startswith(("http://", "https://")):
             problems.append(
                 Problem(
@@ -362,12 +464,11 @@ def _check_tracking(tracking: DictConfig) -> list[Problem]:
                     "for the default store under tracking.root",
                 )
             )
-        elif match.group("auth"):
+        elif (secret := url_credentials(str(uri))) is not None:
             problems.append(
                 Problem(
                     "tracking.mlflow_uri",
-                    "carries credentials (user:password@); configs are recorded, secrets must "
-                    "not be",
+                    f"carries credentials ({secret}); configs are recorded, secrets must not be",
                     "remove them from the URI and export MLFLOW_TRACKING_USERNAME and "
                     "MLFLOW_TRACKING_PASSWORD (or MLFLOW_TRACKING_TOKEN) instead",
                 )

@@ -2,7 +2,9 @@
 
 ``data.kind=synthetic``: the folder ``data.dir`` or, by default,
 ``<output root>/data/synthetic/rows=<N>-seed=<S>/`` (output root: ``tracking.root``) holds
-``sft.parquet``, ``train.parquet`` and ``val.parquet``, generated there when missing.
+``sft.parquet``, ``train.parquet`` and ``val.parquet``, generated there when missing, by one
+process at a time (under ``<folder>.lock``), so that jobs started together never see each other's
+half-written folder.
 
 ``data.kind=files``: ``data.files.{sft,train,val}``, relative to ``data.dir`` (or to the launch
 folder when ``data.dir`` is null); ``sft`` is optional.
@@ -21,6 +23,7 @@ from slca_exp.config.schema import DataConfig, RunConfig
 from slca_exp.config.validate import Problem
 from slca_exp.data.rows import MAX_REPORTED, bad_rows
 from slca_exp.data.synthetic import SPLIT_FILES, SyntheticFolderError, generate
+from slca_exp.locks import file_lock, lock_path
 from slca_exp.recipe import sha256_file
 from slca_exp.tracking.mlflow import output_root
 
@@ -86,7 +89,9 @@ def _resolve(config: RunConfig) -> tuple[dict[str, Path], list[Problem]]:
     if d.kind == "synthetic":
         out = synthetic_dir(config)
         try:
-            paths = generate(out, d.rows, d.seed)
+            # Jobs started together generate the same folder: one does, the others then find it.
+            with file_lock(lock_path(out)):
+                paths = generate(out, d.rows, d.seed)
         except (SyntheticFolderError, OSError) as err:
             return {}, [Problem("data.dir", str(err), "set data.dir to an empty or new folder")]
         return {name: path.resolve() for name, path in paths.items()}, []

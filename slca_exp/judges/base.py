@@ -23,6 +23,7 @@ STATUSES = ("ok", "short_circuit", "failed")
 
 # Defined in tracking/names.py (METRICS); a test pins that these stay there.
 FAILURES, CACHE_HIT_FRAC, LATENCY_MS = "judge/failures", "judge/cache_hit_frac", "judge/latency_ms"
+REQUESTS = "judge/requests"
 
 
 @dataclass(frozen=True)
@@ -122,13 +123,15 @@ def short_circuit(
 def batch_stats(results: Sequence[JudgeResult]) -> dict[str, float]:
     """The judge metrics of one batch, named as in ``tracking/names.py``.
 
-    ``judge/failures`` counts failed requests; ``judge/cache_hit_frac`` and ``judge/latency_ms``
-    are over the requests that needed the judge (not short-circuited): the fraction answered
-    from the cache, and the mean latency of those that were not (0.0 when there are none).
+    ``judge/requests`` counts the requests that needed the judge (not short-circuited),
+    ``judge/failures`` the failed ones; ``judge/cache_hit_frac`` and ``judge/latency_ms`` are
+    over the requests: the fraction answered from the cache, and the mean latency of those that
+    were not (0.0 when there are none).
     """
     asked = [r for r in results if r.status != "short_circuit"]
     served = [r.latency_ms for r in asked if not r.cached]
     return {
+        REQUESTS: float(len(asked)),
         FAILURES: float(sum(r.status == "failed" for r in results)),
         CACHE_HIT_FRAC: sum(r.cached for r in asked) / len(asked) if asked else 0.0,
         LATENCY_MS: sum(served) / len(served) if served else 0.0,
@@ -203,6 +206,14 @@ class JudgeBase(ABC):
     @abstractmethod
     def describe_config(cls, cfg: Any) -> dict[str, Any]:  # noqa: ANN401
         """The recipe fields of the judge ``cfg`` would build (cheap: no network)."""
+
+    @classmethod
+    def prompt_text(cls, cfg: Any) -> str | None:  # noqa: ANN401
+        """The text whose sha256 is the recipe's ``prompt_sha256`` (None: nothing to register).
+
+        The recipe registers it in MLflow's prompt registry, one version per sha256.
+        """
+        return None
 
     def close(self) -> None:  # noqa: B027 - optional hook: the rubric judge holds nothing
         """Release resources (idempotent)."""

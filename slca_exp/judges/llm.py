@@ -124,6 +124,11 @@ class OpenAIJudge(JudgeBase):
         template = PromptTemplate.load(cfg.prompt or DEFAULT_PROMPT, "judge")
         return served_fields("openai", cfg, template) | short_circuit_fields(cfg)
 
+    @classmethod
+    def prompt_text(cls, cfg: Any) -> str:  # noqa: ANN401
+        """The template file's text."""
+        return PromptTemplate.load(cfg.prompt or DEFAULT_PROMPT, "judge").text
+
     def close(self) -> None:
         """Close the HTTP client and the cache (idempotent)."""
         self.chat.close()

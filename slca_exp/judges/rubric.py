@@ -50,7 +50,7 @@ from slca_exp.judges.base import (
     JudgeView,
     short_circuit_fields,
 )
-from slca_exp.services.cache import cache_key
+from slca_exp.services.cache import cache_key, canonical_json
 
 RUBRIC_VERSION = "rubric-v1"
 
@@ -66,6 +66,8 @@ PARAMS: dict[str, Any] = {
     "analysed_chars": 100_000,
 }
 """The rule's constants; their hash is recorded as the judge's ``prompt_sha256``."""
+
+_RULE = {"rubric": RUBRIC_VERSION, "params": PARAMS}
 
 # Digits with single separators between digit groups (unambiguous, so linear), or letters.
 _TOKEN = re.compile(r"\d+(?:[.,]\d+)*|[^\W\d_]+")
@@ -272,12 +274,17 @@ class RubricJudge(JudgeBase):
             "name": cfg.name,
             "model": None,
             "prompt_version": RUBRIC_VERSION,
-            "prompt_sha256": cache_key({"rubric": RUBRIC_VERSION, "params": PARAMS}),
+            "prompt_sha256": cache_key(_RULE),
             "temperature": None,
             "max_tokens": None,
             **short_circuit_fields(cfg),
             "stand_in": "deterministic rubric, not the paper's LLM judge",
         }
+
+    @classmethod
+    def prompt_text(cls, cfg: Any) -> str:  # noqa: ANN401
+        """The rule's version and constants as canonical JSON (what ``prompt_sha256`` hashes)."""
+        return canonical_json(_RULE)
 
 
 def _rate(view: JudgeView) -> JudgeResult:

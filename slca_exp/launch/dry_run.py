@@ -8,13 +8,22 @@ folder differs from a real submission in its date (``hydra.sweep.dir`` fixes it)
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shlex
 import sys
 import time
 from collections.abc import Sequence
 
-from slca_exp.launch.profiles import LauncherProfile
+from slca_exp.config.validate import Problem
+from slca_exp.launch.profiles import LauncherProfile, cross_problems
+
+KINDS = {
+    "BasicLauncher": "basic",
+    "LocalLauncher": "submitit_local",
+    "SlurmLauncher": "submitit_slurm",
+}
+"""Hydra launcher class -> the kind of profile that describes it (``launch/profiles.py``)."""
 
 RESOURCES = (
     "partition",
@@ -32,11 +41,69 @@ RESOURCES = (
 )
 
 
+def hydra_launcher(
+    overrides: Sequence[str], config_name: str, extra_config_dirs: Sequence[str] = ()
+) -> tuple[str, LauncherProfile | None, list[Problem]] | None:
+    """The launcher chosen with ``hydra/launcher=`` or ``hydra.launcher.<key>=``, as a profile.
+
+    The README's sweeps may pick hydra-submitit-launcher's configs directly
+    (``hydra/launcher=submitit_slurm hydra.launcher.partition=cpu``): Hydra composes them, and
+    the result is read back as a :class:`LauncherProfile`, so that the dry run describes, and
+    the profile checks (partition, node sizes) judge, what would really be submitted.
+
+    Returns:
+        ``None`` when the overrides do not touch the launcher, else ``(name, profile or None,
+        problems)``.
+
+    """
+    chosen = [o for o in overrides if o.startswith(("hydra/launcher=", "hydra.launcher."))]
+    if not chosen:
+        return None
+    from hydra import compose
+    from hydra.errors import HydraException
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    from slca_exp.config.compose import hydra_context
+
+    dirs = ",".join(f"file://{os.path.abspath(d)}" for d in extra_config_dirs)
+    searchpath = [f"hydra.searchpath=[{dirs}]"] if dirs else []
+    name = " ".join(chosen)
+    try:
+        with hydra_context():
+            hydra = compose(config_name, [*chosen, *searchpath], return_hydra_config=True).hydra
+    except (HydraException, OmegaConfBaseException) as err:
+        what = next((line.strip() for line in str(err).splitlines() if line.strip()), "")
+        return name, None, [Problem("hydra/launcher", what, "fix the launcher override")]
+    launcher = hydra.launcher
+    kind = KINDS.get(str(launcher.get("_target_", "")).rsplit(".", 1)[-1])
+    if kind is None:
+        unknown = Problem(
+            "hydra/launcher",
+            f"launcher {launcher.get('_target_')!r} is not one slca-exp can check",
+            "use launcher=<profile> (launchers/), or hydra/launcher=submitit_slurm | "
+            "submitit_local | basic",
+        )
+        return name, None, [unknown]
+    fields = {f.name for f in dataclasses.fields(LauncherProfile)}
+    values = {
+        k: v
+        for k, v in OmegaConf.to_container(launcher, resolve=False).items()
+        if k in fields and v is not None and not (isinstance(v, str) and "${" in v)
+    }
+    values["gpu"] = bool(values.get("gpus_per_node"))  # asked for: a GPU partition
+    profile = LauncherProfile(**{**values, "kind": kind})
+    return name, profile, cross_problems(profile)
+
+
 def describe(name: str, profile: LauncherProfile, jobs: Sequence[Sequence[str]]) -> str:
-    """The dry-run report of ``jobs`` (override lists) under the profile ``name``."""
+    """The dry-run report of ``jobs`` (override lists) under the launcher ``name``.
+
+    ``name`` as the user chose it: ``launcher=slurm_cpu``, ``hydra/launcher=submitit_slurm``.
+    """
     n = len(jobs)
     lines = [
-        f"slca-exp: dry run of {n} job{'s' if n != 1 else ''} with launcher={name} "
+        f"slca-exp: dry run of {n} job{'s' if n != 1 else ''} with {name} "
         f"({profile.kind}); nothing is submitted or created",
         "",
         "jobs:",

@@ -15,9 +15,10 @@ import shutil
 import subprocess
 import sys
 import typing
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -25,6 +26,7 @@ from omegaconf.errors import OmegaConfBaseException
 from slca_exp.config.compose import CONFIG_DIR
 from slca_exp.config.fields import check_of, param
 from slca_exp.config.validate import Problem, unknown_key_problem
+from slca_exp.launch.filesystems import filesystem_type, is_network
 
 KINDS = ("basic", "submitit_local", "submitit_slurm")
 GROUP = "launcher"
@@ -141,6 +143,56 @@ def cross_problems(profile: LauncherProfile) -> list[Problem]:
     elif known is not None and profile.partition is not None:
         problems += _size_problems(profile, known[profile.partition])
     return problems
+
+
+def submits_elsewhere(profile: LauncherProfile | None) -> bool:
+    """Whether the jobs of ``profile`` may run on other hosts (a SLURM or multi-node launcher)."""
+    return profile is not None and (profile.kind == "submitit_slurm" or profile.nodes > 1)
+
+
+def network_store_problems(
+    profile: LauncherProfile | None,
+    tracking: Any,  # noqa: ANN401 - TrackingConfig or the composed job's DictConfig node
+    fs_type: Callable[[Path], str | None] = filesystem_type,
+) -> list[Problem]:
+    """A sqlite MLflow store on a network filesystem, for jobs that run on other nodes.
+
+    SQLite locks its file with POSIX locks, which NFS, Lustre and GPFS do not reliably honour
+    across hosts: jobs writing one store from several nodes can corrupt it. A store given as a
+    server URI, or ``tracking.allow_sqlite_on_network_fs=true``, passes.
+
+    Args:
+        profile: the launcher profile (``None``: no profile, nothing to check).
+        tracking: the job's ``tracking`` config.
+        fs_type: path -> filesystem type (:func:`~slca_exp.launch.filesystems.filesystem_type`).
+
+    """
+    from slca_exp.tracking.mlflow import store_uri
+    from slca_exp.tracking.store import sqlite_file
+
+    backends = [str(b) for b in tracking.backends or []]
+    if not submits_elsewhere(profile) or "mlflow" not in backends:
+        return []
+    db = sqlite_file(store_uri(tracking))
+    if db is None or tracking.allow_sqlite_on_network_fs:
+        return []
+    kind = fs_type(db)
+    if kind is None or not is_network(kind):
+        return []
+    assert profile is not None
+    key = "tracking.mlflow_uri" if tracking.mlflow_uri else "tracking.root"
+    where = "SLURM jobs" if profile.kind == "submitit_slurm" else f"{profile.nodes} nodes"
+    return [
+        Problem(
+            key,
+            f"the MLflow store {db} is a sqlite file on a {kind} filesystem, which {where} "
+            "share over the network; SQLite's file locks are not reliable there and concurrent "
+            "runs can corrupt the store",
+            "log to an MLflow server: tracking.mlflow_uri=http://<host>:5000 (the README's "
+            "'Many runs, one store' says how to start one); if you know this filesystem's locks "
+            "work, tracking.allow_sqlite_on_network_fs=true",
+        )
+    ]
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,9 @@ no rating, after its retries). What that becomes is the recipe's ``reward.judge_
 
 - ``absent`` (default): the score stays NaN, so the estimators treat the summary segment as
   absent for that rollout (it neither moves its group's statistics nor receives an advantage);
-- ``zero``: the paper's behaviour, a 0.0 that is then normalised as if it were a real rating.
+- ``zero``: the paper's behaviour, a 0.0 that is then normalised as if it were a real rating;
+- ``stop``: as ``absent``; and a step in which every judge (or simulator) request failed stops
+  the run (``slca_exp.services.outage``).
 
 Short-circuits (no tool response, a reply shorter than ten characters) are the judge's, and are
 real scores of 0.0, not failures.
@@ -21,8 +23,8 @@ from typing import TYPE_CHECKING, Literal
 if TYPE_CHECKING:
     from slca_exp.judges.base import Judge, JudgeResult
 
-FailurePolicy = Literal["absent", "zero"]
-FAILURE_POLICIES: tuple[FailurePolicy, ...] = ("absent", "zero")
+FailurePolicy = Literal["absent", "zero", "stop"]
+FAILURE_POLICIES: tuple[FailurePolicy, ...] = ("absent", "zero", "stop")
 
 
 @dataclass(frozen=True)
@@ -51,10 +53,12 @@ class SummaryReward:
 def from_judge(result: JudgeResult, failure: FailurePolicy = "absent") -> SummaryReward:
     """Apply the failure policy to one judge result."""
     if failure not in FAILURE_POLICIES:
-        raise ValueError(f"unknown judge failure policy {failure!r}; expected absent or zero")
+        raise ValueError(
+            f"unknown judge failure policy {failure!r}; expected {', '.join(FAILURE_POLICIES)}"
+        )
     score = result.score
     if result.status == "failed" or not math.isfinite(score):
-        score = math.nan if failure == "absent" else 0.0
+        score = 0.0 if failure == "zero" else math.nan  # absent, stop: no score
         return SummaryReward(score, None, "failed", result.reason, False, result.latency_ms)
     return SummaryReward(
         float(score), result.rating, result.status, result.reason, result.cached, result.latency_ms
@@ -62,14 +66,16 @@ def from_judge(result: JudgeResult, failure: FailurePolicy = "absent") -> Summar
 
 
 def judge_stats(summaries: Sequence[SummaryReward]) -> dict[str, float]:
-    """``judge/failures`` (count), ``judge/cache_hit_frac`` and ``judge/latency_ms`` of a batch.
+    """``judge/{requests,failures}`` (counts), ``cache_hit_frac`` and ``latency_ms`` of a batch.
 
-    The last two are over the rollouts the judge was asked about (not short-circuited); the
-    latency is the mean over those not answered from the cache (0 when there are none).
+    Requests are the rollouts the judge was asked about (not short-circuited); the cache hits
+    and the latency are over those, the latency the mean over the ones not answered from the
+    cache (0 when there are none).
     """
     asked = [s for s in summaries if s.status != "short_circuit"]
     served = [s.latency_ms for s in asked if not s.cached]
     return {
+        "judge/requests": float(len(asked)),
         "judge/failures": float(sum(s.status == "failed" for s in summaries)),
         "judge/cache_hit_frac": sum(s.cached for s in asked) / len(asked) if asked else 0.0,
         "judge/latency_ms": sum(served) / len(served) if served else 0.0,

@@ -12,7 +12,9 @@ replayed forever. An answer sampled at temperature > 0 is cached like any other:
 sees the same simulated world, which is what reproducibility needs.
 
 Several processes may share one file: the database runs in WAL mode (readers never block the
-writer) and every connection waits up to ``timeout_s`` for a lock instead of failing.
+writer) and every connection waits up to ``timeout_s`` for a lock instead of failing; opening
+the file (creating it, switching it to WAL) is done by one process at a time, under
+``<file>.lock``.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ import threading
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
+
+from slca_exp.locks import file_lock, lock_path
 
 CACHE_DIR_ENV = "SLCA_EXP_CACHE_DIR"
 """Env var naming the folder of the default cache file."""
@@ -78,16 +82,19 @@ class ServiceCache:
         self.path = Path(path).expanduser() if path else default_cache_path()
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
-        self._conn: sqlite3.Connection | None = sqlite3.connect(
-            str(self.path), timeout=timeout_s, check_same_thread=False, isolation_level=None
-        )
-        self._conn.execute("PRAGMA journal_mode=WAL")
-        # NORMAL is durable across application crashes in WAL mode; a power cut may drop the
-        # last answers, which only costs a recomputation.
-        self._conn.execute("PRAGMA synchronous=NORMAL")
-        self._conn.execute(
-            "CREATE TABLE IF NOT EXISTS answers (key TEXT PRIMARY KEY, value TEXT NOT NULL)"
-        )
+        # Switching a new file to WAL does not wait for other connections (SQLite answers
+        # "database is locked" at once), so jobs opening a new cache together take turns.
+        with file_lock(lock_path(self.path), timeout_s=timeout_s):
+            self._conn: sqlite3.Connection | None = sqlite3.connect(
+                str(self.path), timeout=timeout_s, check_same_thread=False, isolation_level=None
+            )
+            self._conn.execute("PRAGMA journal_mode=WAL")
+            # NORMAL is durable across application crashes in WAL mode; a power cut may drop
+            # the last answers, which only costs a recomputation.
+            self._conn.execute("PRAGMA synchronous=NORMAL")
+            self._conn.execute(
+                "CREATE TABLE IF NOT EXISTS answers (key TEXT PRIMARY KEY, value TEXT NOT NULL)"
+            )
 
     def __repr__(self) -> str:
         return f"ServiceCache({str(self.path)!r})"

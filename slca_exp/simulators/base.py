@@ -20,6 +20,7 @@ STATUSES = ("ok", "schema_error", "failed")
 
 # Defined in tracking/names.py (METRICS); a test pins that these stay there.
 FAILURES, CACHE_HIT_FRAC = "simulator/failures", "simulator/cache_hit_frac"
+REQUESTS = "simulator/requests"
 
 UNAVAILABLE = json.dumps({"error": "tool unavailable"})
 """What the policy reads when the simulator service failed."""
@@ -73,11 +74,13 @@ class ToolResponse:
 def batch_stats(responses: Sequence[ToolResponse]) -> dict[str, float]:
     """The simulator metrics of one batch, named as in ``tracking/names.py``.
 
-    ``simulator/failures`` counts failed responses; ``simulator/cache_hit_frac`` is the fraction
-    of the responses that passed the schema check which came from the cache (0.0 when none did).
+    ``simulator/requests`` counts the calls that passed the schema check (the simulator was
+    asked), ``simulator/failures`` the failed responses; ``simulator/cache_hit_frac`` is the
+    fraction of the checked calls answered from the cache (0.0 when there were none).
     """
     checked = [r for r in responses if r.status != "schema_error"]
     return {
+        REQUESTS: float(len(checked)),
         FAILURES: float(sum(r.status == "failed" for r in responses)),
         CACHE_HIT_FRAC: sum(r.cached for r in checked) / len(checked) if checked else 0.0,
     }
@@ -151,6 +154,14 @@ class SimulatorBase(ABC):
     def describe_config(cls, cfg: Any) -> dict[str, Any]:  # noqa: ANN401
         """The recipe fields of the simulator ``cfg`` would build (cheap: no network)."""
         raise NotImplementedError
+
+    @classmethod
+    def prompt_text(cls, cfg: Any) -> str | None:  # noqa: ANN401
+        """The text whose sha256 is the recipe's ``prompt_sha256`` (None: nothing to register).
+
+        The recipe registers it in MLflow's prompt registry, one version per sha256.
+        """
+        return None
 
     def close(self) -> None:  # noqa: B027 - optional hook: local simulators hold nothing
         """Release resources (idempotent)."""

@@ -31,6 +31,8 @@ REPLAY_VERSION = "replay-v2"
 
 _NOUNS = ("record", "entry", "result", "item", "match")
 _STATES = ("active", "available", "confirmed", "pending", "updated")
+_RULE = {"replay": REPLAY_VERSION, "nouns": _NOUNS}
+"""The replay rule as recorded: its hash is the simulator's ``prompt_sha256``."""
 
 
 def arguments_match(given: Any, recorded: Any) -> bool:  # noqa: ANN401
@@ -109,11 +111,16 @@ class ReplaySimulator(SimulatorBase):
             "name": cfg.name,
             "model": None,
             "prompt_version": REPLAY_VERSION,
-            "prompt_sha256": cache_key({"replay": REPLAY_VERSION, "nouns": _NOUNS}),
+            "prompt_sha256": cache_key(_RULE),
             "temperature": None,
             "max_tokens": None,
             **check_fields(cfg),
         }
+
+    @classmethod
+    def prompt_text(cls, cfg: Any) -> str:  # noqa: ANN401
+        """The rule's version and word list as canonical JSON (what ``prompt_sha256`` hashes)."""
+        return canonical_json(_RULE)
 
 
 class _Draws:

@@ -121,6 +121,11 @@ class SGLSSimulator(SimulatorBase):
         template = PromptTemplate.load(cfg.prompt or DEFAULT_PROMPT, "simulator")
         return served_fields("sgls", cfg, template) | check_fields(cfg)
 
+    @classmethod
+    def prompt_text(cls, cfg: Any) -> str:  # noqa: ANN401
+        """The template file's text."""
+        return PromptTemplate.load(cfg.prompt or DEFAULT_PROMPT, "simulator").text
+
     def close(self) -> None:
         """Close the HTTP client and the cache (idempotent)."""
         self.chat.close()

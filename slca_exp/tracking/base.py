@@ -128,6 +128,23 @@ class MultiTracker:
         for tracker in self.trackers:
             tracker.log_artifact(path, artifact_path)
 
+    def log_model(self, path: str | Path, *, name: str = "policy", step: int = 0) -> None:
+        """Record the trained policy (a folder or a file) with every backend that keeps models.
+
+        MLflow: a logged model of the run; W&B: a ``model`` artifact. Both copy the files, or
+        with ``tracking.log_model=false`` only refer to them.
+
+        Args:
+            path: the weights, e.g. an HF checkpoint folder.
+            name: the model's name.
+            step: the training step the weights are from.
+
+        """
+        for tracker in self.trackers:
+            log = getattr(tracker, "log_model", None)  # the console keeps no files
+            if callable(log):
+                log(path, name=name, step=step)
+
     def log_dict(
         self, data: Mapping[str, Any], name: str, artifact_path: str | None = None
     ) -> None:

@@ -1,10 +1,16 @@
-"""The console tracker: a compact table on stdout every N steps, nothing on disk."""
+"""The console tracker: a compact table on stdout every N steps, nothing on disk.
+
+Also :func:`mirrored_to_job_log`: the ``slca-exp:`` lines a job prints, on stdout or stderr,
+copied into the job's Hydra log file (``train.log``) as they are printed, the console unchanged.
+"""
 
 from __future__ import annotations
 
+import logging
 import math
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
@@ -79,3 +85,85 @@ def _cell(value: float | None) -> str:
     if math.isfinite(value) and value != 0 and not 1e-3 <= abs(value) < 1e5:
         return f"{value:>{_WIDTH}.2e}"
     return f"{value:>{_WIDTH}.4f}"
+
+
+LINE_PREFIX = "slca-exp:"
+"""The lines :func:`mirrored_to_job_log` copies into the job's log file."""
+JOB_LOGGER = "slca_exp.console"
+"""The logger the copies go through: it writes to the job's log files only, never the console."""
+
+
+@contextmanager
+def mirrored_to_job_log(folder: str | Path | None = None) -> Iterator[None]:
+    """Copy the ``slca-exp:`` lines printed inside the block into the Hydra job's log file.
+
+    Hydra's job logging writes the root logger's records to ``<output folder>/train.log`` (a
+    ``FileHandler``) and to the console. slca-exp's own lines are printed (progress, the
+    closing block, errors), so this wraps ``sys.stdout`` and ``sys.stderr``: everything still
+    goes to them byte for byte, and each complete line that starts with ``slca-exp:`` is also
+    logged through :data:`JOB_LOGGER` to the root logger's file handlers of that folder only.
+
+    Args:
+        folder: the job's output folder; default Hydra's (outside a Hydra job nothing changes).
+
+    """
+    if folder is None:
+        from slca_exp.tracking.closing import hydra_output_dir
+
+        folder = hydra_output_dir()
+    files = [
+        h
+        for h in logging.getLogger().handlers
+        if isinstance(h, logging.FileHandler)
+        and folder is not None
+        and Path(h.baseFilename).resolve().parent == Path(folder).resolve()
+    ]
+    if not files:
+        yield
+        return
+    logger = logging.getLogger(JOB_LOGGER)
+    logger.propagate = False  # the console already has the line
+    logger.setLevel(logging.INFO)
+    for handler in files:
+        logger.addHandler(handler)
+    saved = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = _LineTee(sys.stdout, logger), _LineTee(sys.stderr, logger)
+    try:
+        yield
+    finally:
+        for tee in (sys.stdout, sys.stderr):
+            if isinstance(tee, _LineTee):
+                tee.flush_line()
+        sys.stdout, sys.stderr = saved
+        for handler in files:
+            logger.removeHandler(handler)
+
+
+class _LineTee:
+    """A text stream that writes through to ``stream`` and logs its ``slca-exp:`` lines."""
+
+    def __init__(self, stream: TextIO, logger: logging.Logger) -> None:
+        self._stream = stream
+        self._logger = logger
+        self._line = ""
+
+    def write(self, text: str) -> int:
+        written = self._stream.write(text)
+        self._line += text
+        *lines, self._line = self._line.split("\n")
+        for line in lines:
+            self._log(line)
+        return written
+
+    def flush_line(self) -> None:
+        """Log what is left of an unfinished line."""
+        line, self._line = self._line, ""
+        self._log(line)
+
+    def _log(self, line: str) -> None:
+        line = line.rsplit("\r", 1)[-1]  # a progress bar redraws its line with carriage returns
+        if line.startswith(LINE_PREFIX):
+            self._logger.info(line)
+
+    def __getattr__(self, name: str) -> Any:  # noqa: ANN401 - flush, fileno, isatty, encoding
+        return getattr(self._stream, name)

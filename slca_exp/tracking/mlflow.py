@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from slca_exp.tracking.base import Status, signals_deferred
 from slca_exp.tracking.redact import Redactor
 from slca_exp.tracking.spool import Spool, StepRecord
+from slca_exp.tracking.store import open_client, retry_locked, store_lock
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -74,21 +75,23 @@ def get_or_create_experiment(client: MlflowClient, name: str, root: Path | None)
 
     Local stores (sqlite, file) get an explicit artifact location, otherwise MLflow would put
     artifacts in ``./mlruns`` of whatever folder the job runs in. Concurrent jobs may race to
-    create it; the loser reads the winner's.
+    create it: on a sqlite store one process at a time gets or creates it (the store's lock,
+    ``slca_exp.tracking.store``); through a server, the loser of the race reads the winner's.
     """
     from mlflow.exceptions import MlflowException
 
-    found = client.get_experiment_by_name(name)
-    if found is not None:
-        return found.experiment_id
     location = (root / "mlartifacts").as_uri() if root is not None else None
-    try:
-        return client.create_experiment(name, artifact_location=location)
-    except MlflowException:
-        found = client.get_experiment_by_name(name)
-        if found is None:
-            raise
-        return found.experiment_id
+    with store_lock(client.tracking_uri):
+        found = retry_locked(lambda: client.get_experiment_by_name(name))
+        if found is not None:
+            return found.experiment_id
+        try:
+            return retry_locked(lambda: client.create_experiment(name, artifact_location=location))
+        except MlflowException:
+            found = client.get_experiment_by_name(name)
+            if found is None:
+                raise
+            return found.experiment_id
 
 
 def flatten_params(config: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
@@ -149,25 +152,32 @@ class MlflowTracker:
         self._next_try = 0.0
         self._pending_artifacts: list[tuple[Path, str | None]] = []
         self._finished = False
+        self._fingerprint = ""
 
     def start(self, recipe: Recipe, params: Mapping[str, Any]) -> None:
-        """Create the run with its tags, params, ``recipe.json`` and redacted ``config.yaml``."""
-        from mlflow import MlflowClient
+        """Create the run with its tags, params, ``recipe.json`` and redacted ``config.yaml``.
+
+        Also its splits as dataset inputs, its prompts linked from the prompt registry and the
+        experiment's training kind (``slca_exp.tracking.lineage``).
+        """
         from mlflow.entities import Param
 
+        self._fingerprint = recipe.short_fingerprint
         self._bound_http_waits()
         local = not self.cfg.mlflow_uri
         if local:
             self.root.mkdir(parents=True, exist_ok=True)
-        self.client = MlflowClient(tracking_uri=self.uri)
+        self.client = open_client(self.uri)  # creates a new sqlite store once, under its lock
         if self.resume_run_id and self._resume(self.resume_run_id):
             return
         try:
             experiment_id = get_or_create_experiment(
                 self.client, recipe.experiment_name, self.root if local else None
             )
-            run = self.client.create_run(
-                experiment_id, run_name=self.run_name, tags=self._tags(recipe)
+            run = retry_locked(
+                lambda: self.client.create_run(
+                    experiment_id, run_name=self.run_name, tags=self._tags(recipe)
+                )
             )
         except Exception as err:
             raise TrackingError(
@@ -180,7 +190,9 @@ class MlflowTracker:
         flat = flatten_params(self.redactor.mapping(params))
         items = [Param(k, v) for k, v in flat.items()]
         for i in range(0, len(items), MAX_PARAMS_PER_BATCH):
-            self.client.log_batch(self.run_id, params=items[i : i + MAX_PARAMS_PER_BATCH])
+            batch = items[i : i + MAX_PARAMS_PER_BATCH]
+            retry_locked(lambda batch=batch: self.client.log_batch(self.run_id, params=batch))
+        recipe = self._record_lineage(recipe, experiment_id)
         self._log_text(json.dumps(self.redactor.mapping(recipe.to_dict()), indent=2), "recipe.json")
         self._log_text(_to_yaml(self.redactor.mapping(params)), "config.yaml")
 
@@ -237,6 +249,32 @@ class MlflowTracker:
             copy.write_bytes(Path(path).read_bytes())
             self._pending_artifacts.append((copy, artifact_path))
 
+    def log_model(self, path: str | Path, *, name: str, step: int) -> None:
+        """Record the trained policy as a logged model of the run (``tracking.log_model``).
+
+        ``tracking.log_model=true`` copies the files into the model's artifacts; ``false``
+        records where they are. A store that refuses leaves the files where they are, said so.
+        """
+        from slca_exp.tracking.lineage import log_policy
+
+        assert self.client is not None and self.run_id is not None, "start() first"
+        try:
+            log_policy(
+                self.client,
+                self.run_id,
+                Path(path),
+                name=name,
+                fingerprint=self._fingerprint,
+                step=step,
+                copy=self.cfg.log_model,
+            )
+        except Exception as err:  # noqa: BLE001 - the weights are safe on disk either way
+            print(
+                f"slca-exp: {path} not recorded as a logged model of MLflow run {self.run_id} "
+                f"({type(err).__name__}: {self.redactor.text(str(err))[:200]}); the files stay "
+                "there"
+            )
+
     def finish(self, status: Status) -> None:
         """Replay what is spooled, then close the run with ``status``.
 
@@ -266,7 +304,9 @@ class MlflowTracker:
         assert self.client is not None and self.run_id is not None
         rows = [Metric(k, v, record.timestamp_ms, record.step) for k, v in record.metrics.items()]
         for i in range(0, len(rows), MAX_METRICS_PER_BATCH):
-            self.client.log_batch(self.run_id, metrics=rows[i : i + MAX_METRICS_PER_BATCH])
+            batch = rows[i : i + MAX_METRICS_PER_BATCH]
+            # A locked sqlite store is retried for a while; after that the step is spooled.
+            retry_locked(lambda batch=batch: self.client.log_batch(self.run_id, metrics=batch))
 
     def _flush(self) -> None:
         assert self.spool is not None and self.client is not None
@@ -288,6 +328,23 @@ class MlflowTracker:
             f"are in {self.spool.path}; replay them with:\n"
             f"    python -m slca_exp.tracking.replay {self.spool.path} --uri {self.uri}"
         )
+
+    def _record_lineage(self, recipe: Recipe, experiment_id: str) -> Recipe:
+        """Datasets, prompts and experiment kind; the recipe with its prompts' versions."""
+        from slca_exp.tracking.lineage import record_run_lineage
+
+        assert self.client is not None and self.run_id is not None
+        try:
+            # Registering prompts is a get-or-create too: one run at a time on a sqlite store.
+            with store_lock(self.uri):
+                versions = record_run_lineage(self.client, self.run_id, experiment_id, recipe)
+        except Exception as err:  # noqa: BLE001 - metrics and the recipe matter more
+            print(
+                f"slca-exp: MLflow run {self.run_id}: datasets and prompts not recorded "
+                f"({type(err).__name__}: {self.redactor.text(str(err))[:200]})"
+            )
+            return recipe
+        return recipe.with_prompt_versions(versions)
 
     def _tags(self, recipe: Recipe) -> dict[str, str]:
         tags = {

@@ -105,9 +105,11 @@ def _catalogue() -> dict[str, str]:
     )
     m.update(
         {
+            "judge/requests": "judge calls made in the step (rollouts not short-circuited)",
             "judge/failures": "judge calls that failed after retries (their summary is absent)",
             "judge/cache_hit_frac": "fraction of judge requests answered from the cache",
             "judge/latency_ms": "mean judge request latency in milliseconds",
+            "simulator/requests": "tool calls the simulator was asked to answer (schema passed)",
             "simulator/failures": "simulator calls that failed after retries",
             "simulator/cache_hit_frac": "fraction of simulator requests answered from the cache",
             "train/loss": "policy-gradient loss",

@@ -1,6 +1,9 @@
 """Plots of a run (logged as artifacts at finish) and of several runs (``slca-exp compare``).
 
 - :func:`plot_curves`: one panel per metric, one line per run, metric value against step;
+- :func:`plot_groups`: the same panels for groups of runs (``slca-exp compare``: runs that differ
+  only in their seed): one mean curve per group with a band of one std over its runs, an
+  optional TensorBoard-style smoothing (:func:`ema`), validation metrics as markers;
 - :func:`plot_advantage_histograms`: per-segment distributions of the per-rollout advantages;
 - :class:`History` keeps what a tracker saw so that :func:`render_run_plots` can draw it.
 
@@ -101,7 +104,38 @@ def plot_curves(
         ``path``, or None when no run has any of ``metrics``.
 
     """
-    shown = [m for m in metrics if any(run.get(m) for run in runs.values())]
+    return plot_groups({label: [run] for label, run in runs.items()}, metrics, path, title=title)
+
+
+def plot_groups(
+    groups: Mapping[str, Sequence[Mapping[str, Curve]]],
+    metrics: Sequence[str],
+    path: str | Path,
+    *,
+    title: str | None = None,
+    smooth: float = 0.0,
+) -> Path | None:
+    """One panel per metric, one mean curve per group of runs with a band; saved as PNG.
+
+    Each run's curve is smoothed first (:func:`ema`), then the group's runs are averaged step by
+    step (:func:`mean_band`); the band is one std over the runs that logged the step. The
+    validation value of a panel's metric (``val/<metric>``), when logged, is drawn as markers
+    at its steps in the group's colour. Steps are integer ticks; values are written in full
+    (no offset such as ``+1e3`` above the axis).
+
+    Args:
+        groups: group label -> its runs, each metric name -> (step, value) points.
+        metrics: the metrics to draw, in panel order (``val/...`` metrics become markers).
+        path: the PNG to write.
+        title: figure title.
+        smooth: EMA weight in [0, 1); 0 draws the logged values.
+
+    Returns:
+        ``path``, or None when no run has any of ``metrics``.
+
+    """
+    shown = [m for m in metrics if any(run.get(m) for runs in groups.values() for run in runs)]
+    shown = [m for m in shown if not m.startswith("val/") or m[len("val/") :] not in shown]
     if not shown:
         return None
     plt = _pyplot()
@@ -109,22 +143,102 @@ def plot_curves(
     rows = math.ceil(len(shown) / cols)
     fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.0 * rows), squeeze=False)
     for ax, metric in zip(axes.flat, shown, strict=False):
-        for label, run in runs.items():
-            points = sorted(run.get(metric, ()))
-            if points:
-                steps, values = zip(*points, strict=True)
-                ax.plot(steps, values, label=label, linewidth=1.2)
-        ax.set_title(metric, fontsize=9)
-        ax.set_xlabel("step", fontsize=8)
-        ax.tick_params(labelsize=7)
-        ax.grid(alpha=0.3)
+        draw_panel(ax, metric, groups, smooth=smooth)
     for ax in list(axes.flat)[len(shown) :]:
         ax.set_visible(False)
-    if len(runs) > 1:
+    handles = axes.flat[0].get_legend_handles_labels()[0]
+    if len(groups) > 1 or len(handles) > 1:
         axes.flat[0].legend(fontsize=7)
     if title:
         fig.suptitle(title, fontsize=10)
     return _save(fig, path)
+
+
+def draw_panel(
+    ax,  # noqa: ANN001 - a matplotlib Axes
+    metric: str,
+    groups: Mapping[str, Sequence[Mapping[str, Curve]]],
+    *,
+    smooth: float = 0.0,
+) -> None:
+    """One panel of :func:`plot_groups`: ``metric`` of every group, on ``ax``.
+
+    Per group: one line (the mean over its runs), a band of one std when it has several runs,
+    and ``val/<metric>`` as markers; integer step ticks, no offset notation on either axis.
+    """
+    from matplotlib.ticker import MaxNLocator, ScalarFormatter
+
+    for index, (label, runs) in enumerate(groups.items()):
+        colour = f"C{index % 10}"
+        steps, mean, std = mean_band([ema(run.get(metric, ()), smooth) for run in runs])
+        if steps.size:
+            ax.plot(steps, mean, label=label, linewidth=1.2, color=colour)
+            if len(runs) > 1:
+                ax.fill_between(steps, mean - std, mean + std, color=colour, alpha=0.2)
+        val_steps, val_mean, _ = mean_band([run.get(f"val/{metric}", ()) for run in runs])
+        if val_steps.size:
+            ax.plot(val_steps, val_mean, linestyle="none", marker="o", markersize=4,
+                    color=colour, label=f"{label} (val)")  # fmt: skip
+    ax.set_title(metric, fontsize=9)
+    ax.set_xlabel("step", fontsize=8)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    for axis in (ax.xaxis, ax.yaxis):
+        formatter = ScalarFormatter(useOffset=False)
+        formatter.set_scientific(False)
+        axis.set_major_formatter(formatter)
+    ax.tick_params(labelsize=7)
+    ax.grid(alpha=0.3)
+
+
+def ema(points: Curve, weight: float) -> list[tuple[int, float]]:
+    """TensorBoard's smoothing: an exponential moving average, debiased at the start.
+
+    ``s_k = weight * s_(k-1) + (1 - weight) * x_k`` from ``s_0 = 0``, divided by
+    ``1 - weight^k`` so that the first points are not pulled towards 0; non-finite values are
+    kept as they are and left out of the average. ``weight = 0`` returns the points unchanged.
+
+    >>> ema([(1, 1.0), (2, 3.0)], 0.5)
+    [(1, 1.0), (2, 2.3333333333333335)]
+
+    Raises:
+        ValueError: ``weight`` outside [0, 1).
+
+    """
+    if not 0.0 <= weight < 1.0:
+        raise ValueError(f"smoothing weight {weight} is outside [0, 1)")
+    out, last, seen = [], 0.0, 0
+    for step, value in sorted(points):
+        if not math.isfinite(value) or weight == 0.0:
+            out.append((step, float(value)))
+            continue
+        seen += 1
+        last = weight * last + (1.0 - weight) * value
+        out.append((step, last / (1.0 - weight**seen)))
+    return out
+
+
+def mean_band(runs: Sequence[Curve]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Steps, mean and std over runs, step by step (each step over the runs that logged it).
+
+    The std is the sample std (ddof=1) over the finite values at that step, 0 where only one
+    run has one; a step where no run has a finite value is left out.
+
+    Returns:
+        ``(steps, mean, std)``, each (S,) for the S steps with a value, in increasing order.
+
+    """
+    values: dict[int, list[float]] = {}
+    for run in runs:
+        for step, value in run:
+            if math.isfinite(value):
+                values.setdefault(int(step), []).append(float(value))
+    steps = np.array(sorted(values), dtype=np.int64)
+    mean = np.array([np.mean(values[s]) for s in steps], dtype=np.float64)
+    std = np.array(
+        [np.std(values[s], ddof=1) if len(values[s]) > 1 else 0.0 for s in steps],
+        dtype=np.float64,
+    )
+    return steps, mean, std
 
 
 def plot_advantage_histograms(

@@ -14,8 +14,10 @@
   and return value as the parent's tag ``slca.jobs.<num>`` (JSON), where the launching process
   reads it back: state changed inside a submitit job never returns to the launching process.
 - ``on_multirun_end`` (launching process): logs ``sweep_summary.csv`` and ``sweep_summary.md``
-  (one row per job: run id, overrides, status, final metrics) and ends the parent FINISHED, or
-  FAILED when a job failed or never reported. If the launching process exits before that (a job
+  (one row per job: run id, overrides, status, final metrics), ends the parent FINISHED, or
+  FAILED when a job failed or never reported, and prints where to look: the parent run, the
+  ``slca-exp compare`` command, the sweep folder and each job's run (on SLURM, its job id and
+  log; ``slca_exp.tracking.closing``). If the launching process exits before that (a job
   raised, so Hydra's sweeper re-raised; a job called ``sys.exit``; Ctrl-C; a submitit job died),
   an ``atexit`` hook ends it FAILED. (Tags, not artifacts, carry the job records because
   artifact downloads need worker threads, which Python refuses once it is exiting.)
@@ -40,6 +42,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from slca_exp.tracking import sweep_runs
 from slca_exp.tracking.base import global_rank
+from slca_exp.tracking.closing import say, slurm_job, sweep_block
 from slca_exp.tracking.mlflow import get_or_create_experiment
 from slca_exp.tracking.redact import Redactor
 from slca_exp.tracking.sweep_runs import (
@@ -155,17 +158,25 @@ class MlflowSweepCallback(Callback):
         self._raw_overrides: list[str] = []
         self._saved_env: dict[str, str | None] = {}
         self._client_cache: Any = None
+        self.sweep_dir: str | None = None
+        self._submissions: Any = None
 
     def __getstate__(self) -> dict[str, Any]:
         # Pickled into submitit jobs: an MlflowClient holds a store connection; rebuild it there.
         state = dict(self.__dict__)
         state["_client_cache"] = None
+        state["_submissions"] = None  # a thread of the launching process
         return state
 
     # -- Hydra hooks ----------------------------------------------------------------------------
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        """Create the experiment (if needed) and the parent run; remember its id."""
+        """Create the experiment (if needed) and the parent run; remember its id.
+
+        Under a submitit launcher it also starts saying each job as it is submitted (its id
+        and log) and quiets submitit's repeated ``sacct`` warning (``launch/submission.py``).
+        """
+        self._watch_submissions(config)
         if not self._wanted(config):
             return
         self.tracking_uri = resolve_tracking_uri(config, self.tracking_uri)
@@ -180,6 +191,7 @@ class MlflowSweepCallback(Callback):
         fixed = {k: redactor.value(k, v) for k, v in fixed.items()}
         task_overrides = [redactor.text(o) for o in raw]
         self.expected_jobs = _expected_jobs(config, raw)
+        self.sweep_dir = str(Path(str(OmegaConf.select(config, "hydra.sweep.dir"))).resolve())
         client = self._client()
         self.experiment_id = get_or_create_experiment(
             client, name, artifact_root(config, self.tracking_uri)
@@ -189,7 +201,7 @@ class MlflowSweepCallback(Callback):
             TAG_ROLE: "parent",
             TAG_SWEPT: json.dumps(sorted(self.swept)),
             TAG_OVERRIDES: " ".join(task_overrides),
-            "slca.sweep_dir": str(Path(str(OmegaConf.select(config, "hydra.sweep.dir"))).resolve()),
+            "slca.sweep_dir": self.sweep_dir,
             "slca.expected_jobs": str(self.expected_jobs or ""),
             "mlflow.note.content": (
                 f"Sweep {self.sweep_id}: {' '.join(task_overrides)}. Children are the jobs; "
@@ -222,6 +234,9 @@ class MlflowSweepCallback(Callback):
             "overrides": [redactor.text(o) for o in overrides],
             "start_ms": int(time.time() * 1000),
         }
+        slurm = slurm_job()  # on SLURM: the job id and its log, for the sweep's closing lines
+        if slurm:
+            self._job.update(slurm_job=slurm["job"], log=slurm.get("log"))
         self._run_name = redactor.text(",".join(plain))[:200]
         self._raw_overrides = overrides  # in this process only; never written
 
@@ -266,11 +281,29 @@ class MlflowSweepCallback(Callback):
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         """Log the summary table and end the parent FINISHED, or FAILED if a job failed."""
+        self._stop_watching()
         if self.parent_run_id is None:
             return
         self._finish(error=None)
 
     # -- internals ------------------------------------------------------------------------------
+
+    def _watch_submissions(self, config: DictConfig) -> None:
+        target = str(OmegaConf.select(config, "hydra.launcher._target_", default="") or "")
+        if "submitit" not in target:
+            return
+        from slca_exp.launch.submission import SubmissionWatch, quiet_repeated_sacct_warnings
+
+        quiet_repeated_sacct_warnings()
+        folder = OmegaConf.select(config, "hydra.launcher.submitit_folder", default=None)
+        if folder:  # ``<sweep dir>/.submitit/%j``: each job's folder is named after its id
+            kind = "SLURM job" if target.endswith("SlurmLauncher") else "local job"
+            self._submissions = SubmissionWatch(Path(str(folder)).parent, kind).start()
+
+    def _stop_watching(self) -> None:
+        if self._submissions is not None:
+            self._submissions.stop()
+            self._submissions = None
 
     def _wanted(self, config: DictConfig) -> bool:
         if self.enabled is not None:
@@ -280,9 +313,9 @@ class MlflowSweepCallback(Callback):
 
     def _client(self) -> Any:
         if self._client_cache is None:
-            from mlflow.tracking import MlflowClient
+            from slca_exp.tracking.store import open_client
 
-            self._client_cache = MlflowClient(tracking_uri=self.tracking_uri)
+            self._client_cache = open_client(self.tracking_uri)
         return self._client_cache
 
     def _tag_child(self, client: Any, child: Any, job: dict[str, Any], redactor: Redactor) -> None:
@@ -316,7 +349,9 @@ class MlflowSweepCallback(Callback):
         return jobs
 
     def _finish(self, error: str | None) -> None:
+        self._stop_watching()
         client = self._client()
+        jobs: dict[int, dict[str, Any]] = {}  # what the jobs reported, for the closing lines
         try:
             jobs = self._collect_jobs(client)
             children = sweep_runs.children(client, self.experiment_id, self.parent_run_id)
@@ -339,6 +374,16 @@ class MlflowSweepCallback(Callback):
             status = "FAILED"
         client.set_terminated(self.parent_run_id, status=status)
         log.info("sweep %s: parent run %s ended %s", self.sweep_id, self.parent_run_id, status)
+        say(
+            sweep_block(
+                sweep_id=str(self.sweep_id),
+                parent_run_id=self.parent_run_id,
+                status=status,
+                store=str(self.tracking_uri),
+                sweep_dir=self.sweep_dir,
+                jobs=jobs,
+            )
+        )
         self.parent_run_id = None
         atexit.unregister(self._end_if_open)
 

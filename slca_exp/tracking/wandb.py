@@ -9,6 +9,10 @@ W&B with the credentials of the environment (``WANDB_API_KEY``).
 W&B writes the config into ``debug.log`` and, unless told not to, the command line into its
 metadata and the console into ``output.log``; metadata and console capture are switched off so
 that only redacted values reach its files.
+
+Like the MLflow tracker, each run records its splits (``dataset`` artifacts that refer to the
+files), its judge and simulator templates (``prompt`` artifacts) and, at the end, the trained
+policy (a ``model`` artifact), each with the sha256 the recipe holds in its metadata.
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ class WandbTracker:
         self.run: Any = None
         self.run_dir: Path | None = None
         """The offline run folder (``<root>/wandb/offline-run-<time>-<id>``), once started."""
+        self._fingerprint = ""
 
     def start(self, recipe: Recipe, params: Mapping[str, Any]) -> None:
         """Open a new offline run whose config is the recipe."""
@@ -77,6 +82,8 @@ class WandbTracker:
             ),
         )
         self.run_dir = Path(self.run.dir).parent
+        self._fingerprint = recipe.short_fingerprint
+        self._log_inputs(recipe)
 
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
         """Record one step."""
@@ -90,6 +97,24 @@ class WandbTracker:
         target.write_bytes(source.read_bytes())
         self.run.save(str(target), base_path=self.run.dir, policy="now")
 
+    def log_model(self, path: str | Path, *, name: str, step: int) -> None:
+        """The trained policy as a ``model`` artifact.
+
+        Its files, or with ``tracking.log_model=false`` a reference to them.
+        """
+        import wandb
+
+        path = Path(path).resolve()
+        metadata = {"fingerprint": self._fingerprint, "step": step, "path": str(path)}
+        artifact = wandb.Artifact(name, type="model", metadata=metadata)
+        if not self.cfg.log_model:
+            artifact.add_reference(path.as_uri(), checksum=False)
+        elif path.is_dir():
+            artifact.add_dir(str(path))
+        else:
+            artifact.add_file(str(path))
+        self.run.log_artifact(artifact)
+
     def finish(self, status: Status) -> None:
         """Close the run; W&B records FAILED/KILLED as a non-zero exit code."""
         if self.run is None:
@@ -97,3 +122,38 @@ class WandbTracker:
         run, self.run = self.run, None
         run.summary["slca_status"] = status
         run.finish(exit_code=_EXIT_CODES[status])
+
+    def _log_inputs(self, recipe: Recipe) -> None:
+        """The splits and prompt templates as artifacts, their sha256 in the metadata."""
+        import wandb
+
+        from slca_exp.tracking.lineage import split_datasets
+
+        for split in split_datasets(recipe):
+            metadata = {
+                "sha256": split.sha256,
+                "digest": split.digest,
+                "rows": split.rows,
+                "context": split.context,
+            }
+            artifact = wandb.Artifact(split.name, type="dataset", metadata=metadata)
+            # A reference: a split can be large, and its sha256 is already known.
+            artifact.add_reference(split.path.as_uri(), name=split.path.name, checksum=False)
+            self._use(artifact)
+        for group, entry in recipe.prompts.items():
+            metadata = {"sha256": entry["sha256"], "component": group}
+            artifact = wandb.Artifact(entry["name"], type="prompt", metadata=metadata)
+            with artifact.new_file("template.txt", encoding="utf-8") as f:
+                f.write(recipe.prompt_texts[group])
+            self._use(artifact)
+
+    def _use(self, artifact: Any) -> None:  # noqa: ANN401 - a wandb.Artifact
+        """Link an artifact to the run.
+
+        Online as an input; offline W&B cannot use artifacts, so the run logs it (``wandb sync``
+        uploads it with the run).
+        """
+        if self.cfg.wandb_mode == "online":
+            self.run.use_artifact(artifact)
+        else:
+            self.run.log_artifact(artifact)

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -10,6 +11,8 @@ from pathlib import Path
 
 import torch
 from mlflow.tracking import MlflowClient
+
+from tests.planted import PLANTED, SECRET, SECRET_ENV, leaks, mlflow_texts
 
 EXE = str(Path(sys.executable).parent / "slca-exp")
 TINY = [
@@ -29,6 +32,7 @@ TINY = [
 def train(tmp_path, *overrides, timeout=300, wait=True):
     args = [EXE, "train", *TINY, f"tracking.root={tmp_path / 'out'}", *overrides]
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    env[SECRET_ENV] = SECRET  # what PLANTED carries into a run
     if not wait:
         return subprocess.Popen(
             args, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
@@ -45,13 +49,25 @@ def runs(tmp_path):
 
 
 def test_a_few_steps_through_the_cli_leave_a_finished_recorded_run(tmp_path):
-    res = train(tmp_path, "engine.rl.steps=2", "engine.rl.mask_rule=corrected")
+    res = train(tmp_path, "engine.rl.steps=2", "engine.rl.mask_rule=corrected", *PLANTED)
     assert res.returncode == 0, res.stderr[-3000:]
     assert "validation (sft" in res.stderr and "validation (rl" in res.stderr
     assert "mlflow ui --backend-store-uri" in res.stderr
     client, found = runs(tmp_path)
     (run,) = found
     assert run.info.status == "FINISHED"
+    # it ends with one block saying where everything is, and train.log holds its slca-exp: lines
+    block = res.stderr[res.stderr.index("slca-exp: ---- where to look ----") :].splitlines()
+    checkpoint = next(line for line in block if line.startswith("slca-exp: checkpoint: "))
+    assert Path(checkpoint.split(": ", 2)[2]).is_file()
+    assert f"slca-exp: run FINISHED: MLflow run {run.info.run_id} " in block[1]
+    compare = "slca-exp: compare: slca-exp compare slca-exp --tracking-uri sqlite:///"
+    assert any(line.startswith(compare) for line in block), block
+    folder = Path(next(x for x in block if "output folder: " in x).split("output folder: ")[1])
+    logged = (folder / "train.log").read_text()
+    ours = [line for line in res.stderr.splitlines() if line.startswith("slca-exp: ")]
+    assert ours and all(f"] - {line}" in logged for line in ours), logged
+    assert "requests failed" not in res.stderr  # nothing failed: no failure counts
     assert {"slca.backbone", "slca.reward", "slca.judge", "slca.data"} <= set(run.data.tags)
     for name in (
         "reward/tool/mean",
@@ -73,10 +89,22 @@ def test_a_few_steps_through_the_cli_leave_a_finished_recorded_run(tmp_path):
     )
     assert recipe["data"]["files"]["train"]["rows"] == 16
     assert recipe["engine"]["rl"]["mask_rule"] == "corrected"
+    # The trained policy is the run's logged model: its HF folder, copied into MLflow.
+    (model,) = client.search_logged_models([run.info.experiment_id])
+    assert model.source_run_id == run.info.run_id and model.name == "policy"
+    assert model.tags["slca.fingerprint"] == run.data.tags["slca.fingerprint"]
+    files = {f.path for f in client.list_logged_model_artifacts(model.model_id)}
+    assert {"config.json", "model.safetensors"} <= files, files
+    outputs = client.get_run(run.info.run_id).outputs.model_outputs
+    assert [(o.model_id, o.step) for o in outputs] == [(model.model_id, 2)]
+    # The planted secret: recorded as <redacted>, and in no store, checkpoint or log.
+    assert run.data.params["judge.name"] == "<redacted>"
+    texts = mlflow_texts(client, run.info.run_id, tmp_path / "artifacts")
+    assert leaks(SECRET, [tmp_path], [*texts, res.stdout, res.stderr]) == []
 
 
 def test_sigterm_checkpoints_marks_killed_and_the_same_command_resumes(tmp_path):
-    proc = train(tmp_path, "engine.rl.steps=40", wait=False)
+    proc = train(tmp_path, "engine.rl.steps=40", "tracking.log_model=false", wait=False)
     state = None
     deadline = time.time() + 240
     while time.time() < deadline:
@@ -96,13 +124,19 @@ def test_sigterm_checkpoints_marks_killed_and_the_same_command_resumes(tmp_path)
     done = json.loads(found[0].read_text())["step"]
     assert done >= 2
 
-    res = train(tmp_path, "engine.rl.steps=40")  # the same command
+    res = train(tmp_path, "engine.rl.steps=40", "tracking.log_model=false")  # the same command
     assert res.returncode == 0, res.stderr[-3000:]
     assert "resuming MLflow run" in res.stdout + res.stderr
     client, (run,) = runs(tmp_path)  # still one run
     assert run.info.run_id == killed.info.run_id and run.info.status == "FINISHED"
     steps = [m.step for m in client.get_metric_history(run.info.run_id, "train/loss")]
     assert sorted(steps) == list(range(1, 41))  # every step once, continuous across the kill
+    # Only the finished run has a model: a reference to the policy's folder, no copy.
+    (model,) = client.search_logged_models([run.info.experiment_id])
+    assert model.source_run_id == run.info.run_id
+    assert model.tags["mlflow.model.isExternal"] == "true"
+    assert (Path(model.tags["slca.path"].removeprefix("file://")) / "config.json").is_file()
+    assert client.list_logged_model_artifacts(model.model_id) == []
 
 
 def test_rollout_masks_match_their_tokens(tool_caller):
@@ -155,3 +189,38 @@ def test_rollout_masks_match_their_tokens(tool_caller):
             elif k < len(runs_) - 1 or not cut:  # generated: a whole assistant turn
                 assert tokens[-1] == eos
     assert with_tools > 0
+
+
+def test_a_judge_with_no_server_behind_it_is_an_outage_that_stop_ends_failed(tmp_path):
+    """Issue 19 (5): ``judge=openai judge.base_url=http://127.0.0.1:9/v1``, as the issue runs it."""
+    res = train(
+        tmp_path,
+        "judge=openai",
+        "judge.base_url=http://127.0.0.1:9/v1",
+        "judge.max_retries=0",
+        "reward.judge_failure=stop",
+        "engine.sft.enabled=false",
+        "engine.rl.steps=3",
+        "tracking.plots=false",
+    )
+    assert res.returncode == 1, res.stderr[-3000:]
+    assert "Traceback" not in res.stderr
+    warned = re.search(
+        r"WARNING: every judge request of RL step 1 failed \((\d+) of \1\)", res.stderr
+    )
+    assert warned, res.stderr[-3000:]
+    asked = int(warned.group(1))
+    block = res.stderr[res.stderr.index("slca-exp: ---- where to look ----") :]
+    assert "slca-exp: run FAILED: MLflow run " in block
+    failed = (
+        f"slca-exp: judge: {asked} of {asked} requests failed; every request failed in RL step 1"
+    )
+    assert failed in block
+    assert res.stderr.splitlines()[-1].startswith(
+        "slca-exp: every judge request of RL step 1 failed, so the run stops"
+    )
+    client, (run,) = runs(tmp_path)
+    assert run.info.status == "FAILED"
+    assert run.data.tags["slca.outage.judge"] == "1"
+    steps = [m.step for m in client.get_metric_history(run.info.run_id, "judge/failures")]
+    assert steps == [1]  # it stopped at the first outage

@@ -95,6 +95,7 @@ def test_cache_hit_needs_no_request_and_survives_the_judge(server, tmp_path):
     assert [r.cached for r in first + again + later] == [False, False, True, True]
     assert len(server.completions) == 2
     assert batch_stats(first + again) == {
+        "judge/requests": 3.0,
         "judge/failures": 0.0,
         "judge/cache_hit_frac": 1 / 3,
         "judge/latency_ms": pytest.approx((first[0].latency_ms + first[1].latency_ms) / 2),

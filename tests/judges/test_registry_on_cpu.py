@@ -60,9 +60,19 @@ def test_metric_names_are_the_tracking_ones():
     )
     sim = sim_stats([ToolResponse("{}", "ok", cached=True), ToolResponse("{}", "failed")])
     assert set(judge) | set(sim) <= set(METRICS)
-    assert judge == {"judge/failures": 1.0, "judge/cache_hit_frac": 0.0, "judge/latency_ms": 0.0}
-    assert sim == {"simulator/failures": 1.0, "simulator/cache_hit_frac": 0.5}
+    assert judge == {
+        "judge/requests": 2.0,
+        "judge/failures": 1.0,
+        "judge/cache_hit_frac": 0.0,
+        "judge/latency_ms": 0.0,
+    }
+    assert sim == {
+        "simulator/requests": 2.0,
+        "simulator/failures": 1.0,
+        "simulator/cache_hit_frac": 0.5,
+    }
     assert batch_stats([]) == {
+        "judge/requests": 0.0,
         "judge/failures": 0.0,
         "judge/cache_hit_frac": 0.0,
         "judge/latency_ms": 0.0,

@@ -476,6 +476,8 @@ def test_a_node_whose_ports_are_taken_is_refused_before_ray_starts(job):
     task = job.task(1)
     ports = Ports.for_node(job.job_id, 1)
     with socket.socket() as holder:
+        # as _port_free: a connection another test left in TIME_WAIT on it does not count
+        holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         holder.bind(("", ports.node_manager))
         holder.listen()
         with pytest.raises(ClusterError, match=f"in use on .*{ports.node_manager} .node_manager"):

@@ -51,7 +51,7 @@ def test_failure_policy_absent_keeps_nan_and_zero_gives_zero():
     assert "timeout" in zero.reason
     assert from_judge(OK, "zero") == SummaryReward(0.75, 4, "ok", "")
     assert from_judge(SHORT, "absent").score == 0.0  # a short-circuit is a real 0
-    with pytest.raises(ValueError, match="absent or zero"):
+    with pytest.raises(ValueError, match="expected absent, zero, stop"):
         from_judge(OK, "drop")
 
 
@@ -186,5 +186,10 @@ def test_judge_metrics_of_a_batch():
         from_judge(SHORT),
     ]
     stats = judge_stats(batch)
-    assert stats == {"judge/failures": 1.0, "judge/cache_hit_frac": 1 / 3, "judge/latency_ms": 30.0}
+    assert stats == {
+        "judge/requests": 3.0,
+        "judge/failures": 1.0,
+        "judge/cache_hit_frac": 1 / 3,
+        "judge/latency_ms": 30.0,
+    }
     assert set(stats) <= set(names.METRICS)

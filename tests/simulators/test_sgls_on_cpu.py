@@ -73,6 +73,7 @@ def test_retries_then_cache(server, tmp_path):
     assert first.status == "ok" and again.cached and again.content == '{"ok": 1}'
     assert len(server.completions) == 3
     assert batch_stats([first, again]) == {
+        "simulator/requests": 2.0,
         "simulator/failures": 0.0,
         "simulator/cache_hit_frac": 0.5,
     }

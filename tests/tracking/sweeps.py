@@ -9,8 +9,10 @@ tracker writing to the sqlite store under ``tracking.root``.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,7 +32,8 @@ GRID = ["algorithm=grpo,slca_grpo", "reward.tool_weights.parallel=0.1,0.3", "rew
 
 class SeededEngine:
     """Logs a few synthetic steps: real estimator stats on random batches that depend on the
-    seed and the parallel tool weight, so that every run of a sweep logs different numbers."""
+    seed and the parallel tool weight, so that every run of a sweep logs different numbers;
+    then a small stand-in policy folder as the run's model, as the real engines do."""
 
     steps = 4
 
@@ -40,6 +43,9 @@ class SeededEngine:
             metrics, result = step_metrics(offset + 10 * step, config.algorithm.name)
             tracker.log_metrics(metrics, step)
             tracker.log_advantages(advantage_samples(result), step)
+        with tempfile.TemporaryDirectory(prefix="seeded-policy-") as folder:
+            (Path(folder) / "config.json").write_text(json.dumps({"seed": config.seed}))
+            tracker.log_model(folder, name="policy", step=self.steps - 1)
         return {"steps": self.steps}
 
 

@@ -10,8 +10,11 @@ Environment knobs (read by the engine, for subprocess tests): ``SYNTH_STEPS`` (d
 
 from __future__ import annotations
 
+import json
 import os
+import tempfile
 import time
+from pathlib import Path
 
 import torch
 
@@ -64,7 +67,8 @@ def step_metrics(step: int, estimator: str = "slca_grpo"):
 
 
 class SyntheticEngine:
-    """An engine with the engine signature that logs synthetic steps to the tracker."""
+    """An engine with the engine signature that logs synthetic steps to the tracker, then a
+    small stand-in policy folder as the run's model (as the real engines do)."""
 
     def run(self, config, recipe, tracker):
         steps = int(os.environ.get("SYNTH_STEPS", "5"))
@@ -79,4 +83,7 @@ class SyntheticEngine:
             tracker.log_advantages(advantage_samples(result), step)
             print(f"step {step} logged", flush=True)
             time.sleep(pause)
+        with tempfile.TemporaryDirectory(prefix="synthetic-policy-") as folder:
+            (Path(folder) / "config.json").write_text(json.dumps({"steps": steps}))
+            tracker.log_model(folder, name="policy", step=max(steps - 1, 0))
         return {"steps": steps}

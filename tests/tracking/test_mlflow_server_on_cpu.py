@@ -17,6 +17,7 @@ from mlflow import MlflowClient
 from slca_exp.config.compose import compose_run
 from slca_exp.config.validate import validate
 from slca_exp.recipe import build_recipe
+from slca_exp.tracking import lineage
 from slca_exp.tracking.mlflow import MlflowTracker, mlflow_key
 from slca_exp.tracking.redact import Redactor
 from tests.tracking.synthetic import step_metrics
@@ -136,3 +137,22 @@ def test_server_killed_mid_run_and_restarted_keeps_every_step_once(server, tmp_p
     for key in run.data.metrics:
         steps = [m.step for m in client.get_metric_history(tracker.run_id, key)]
         assert sorted(steps) == list(range(20)), key
+
+    # Through the server too: the splits as datasets, the templates from its prompt registry
+    # (registering one again gives the same version), the policy as a logged model.
+    files = recipe.data["files"]
+    expected = {f"synthetic-{split}": f["sha256"][:12] for split, f in files.items()}
+    assert lineage.run_datasets(run) == expected
+    linked = {p["name"]: p["version"] for p in lineage.linked_prompts(run)}
+    for group, entry in recipe.prompts.items():
+        again = lineage.register_prompt(
+            client, entry["name"], recipe.prompt_texts[group], entry["sha256"]
+        )
+        assert linked[entry["name"]] == str(again.version)
+    policy = tmp_path / "policy"
+    policy.mkdir()
+    (policy / "config.json").write_text("{}")
+    model = lineage.log_policy(
+        client, tracker.run_id, policy, name="policy", fingerprint="f", step=19, copy=True
+    )
+    assert {f.path for f in client.list_logged_model_artifacts(model.model_id)} == {"config.json"}

@@ -1,19 +1,23 @@
-"""The MLflow UI in a real browser: a real ``mlflow server`` on the store a 2x2 sweep wrote,
-driven by Playwright with Debian's Chromium. Screenshots are kept in ``test-artifacts/browser/``
-(or ``$SLCA_EXP_TEST_ARTIFACTS/browser/``)."""
+"""The MLflow UI in a real browser: a real ``mlflow server`` on the store a 2x2 sweep wrote
+(one job re-run on a split of another data seed), driven by Playwright with Debian's Chromium.
+Screenshots are kept in ``test-artifacts/browser/`` (or ``$SLCA_EXP_TEST_ARTIFACTS/browser/``)."""
 
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
 import time
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from mlflow import MlflowClient
 
-from tests.tracking.sweeps import SLCA_EXE, shared_sweep
+from slca_exp.tracking import lineage
+from tests.tracking.sweeps import SLCA_EXE, run_train, shared_sweep
 
 CHROMIUM = Path("/usr/bin/chromium")
 MLFLOW = Path(sys.executable).parent / "mlflow"
@@ -27,6 +31,9 @@ SEGMENT_METRICS = (
     "adv/summary/std",
 )
 RECIPE_TAGS = ("slca.backbone", "slca.reward", "slca.judge", "slca.simulator", "slca.data")
+TRAINING = "workflowType=machine_learning"
+"""MLflow 3.17's UI shows the model-training view for this query (its GenAI / Model training
+switch); without it the browser's last choice, GenAI at first."""
 SWEEP_TAGS = ("slca.sweep", "slca.swept.algorithm", "slca.swept.reward.tool_weights.parallel")
 
 pytestmark = pytest.mark.browser
@@ -45,9 +52,38 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+@dataclass
+class Store:
+    """A copy of the sweep's store in which job 3 was re-run with ``data.seed=7``."""
+
+    uri: str
+    sweep_id: str
+    parent: object
+    children: list
+    """The four active children (the re-run job instead of the original one)."""
+    reseeded: str
+    """The re-run job's run id."""
+
+
 @pytest.fixture(scope="module")
 def sweep(tmp_path_factory):
-    return shared_sweep(tmp_path_factory)
+    shared = shared_sweep(tmp_path_factory)
+    tmp = tmp_path_factory.mktemp("reseeded")
+    shutil.copy(shared.root / "mlflow.db", tmp / "mlflow.db")
+    uri = f"sqlite:///{tmp / 'mlflow.db'}"
+    client = MlflowClient(uri)
+    replaced = next(c for c in shared.children if c.data.tags["slca.job"] == "3")
+    parent = shared.parent.info.run_id
+    env = {"SLCA_EXP_PARENT_RUN_ID": parent, "SLCA_EXP_SWEEP_ID": shared.sweep_id}
+    job = [*replaced.data.tags["slca.overrides"].split(), "data.seed=7", "run_name=job3-seed7"]
+    assert run_train([*job, f"tracking.mlflow_uri={uri}"], tmp / "root", tmp, env) == 0
+    client.delete_run(replaced.info.run_id)
+    found = client.search_runs(
+        [shared.parent.info.experiment_id], f"tags.`mlflow.parentRunId` = '{parent}'"
+    )
+    children = [client.get_run(r.info.run_id) for r in found]  # with their dataset inputs
+    reseeded = next(c.info.run_id for c in children if c.info.run_name == "job3-seed7")
+    return Store(uri, shared.sweep_id, shared.parent, children, reseeded)
 
 
 @pytest.fixture(scope="module")
@@ -123,6 +159,7 @@ def test_compare_page_shows_runs_slca_tags_and_segment_metrics(sweep, server, pa
         timeout=180,
     )
     assert res.returncode == 0, res.stderr
+    assert "warning: runs differ in data" in res.stderr  # the re-run job's split
     url = re.search(r"MLflow compare page: (\S+)", res.stdout).group(1)
     page.goto(url)
     page.get_by_text("Comparing 4 Runs from 1 Experiment").wait_for(timeout=45_000)
@@ -135,3 +172,63 @@ def test_compare_page_shows_runs_slca_tags_and_segment_metrics(sweep, server, pa
     assert shot(page, "compare.png").stat().st_size > 10_000
     page.get_by_text("slca.judge", exact=True).first.scroll_into_view_if_needed()
     shot(page, "compare-tags.png")
+
+
+def test_the_training_view_shows_each_run_s_datasets_prompts_and_model(sweep, server, page):
+    experiment = sweep.parent.info.experiment_id
+    # The experiment's landing page in the model-training view is its runs table.
+    page.goto(f"{server}/#/experiments/{experiment}?{TRAINING}")
+    page.wait_for_url(re.compile(r".*/runs\?"), timeout=45_000)
+    page.get_by_text("Model registry").first.wait_for(timeout=15_000)  # the training sidebar
+    parent_row = page.locator('[role="row"]', has_text=sweep.sweep_id).first
+    parent_row.wait_for(timeout=45_000)
+    digests = {c.info.run_id: lineage.run_datasets(c) for c in sweep.children}
+    first_child = page.locator(f'[role="row"][row-id="{sweep.children[0].info.run_id}"]').first
+    if not first_child.is_visible():  # the UI remembers a sweep unfolded by an earlier visit
+        parent_row.locator('button[data-component-id*="runnamecellrenderer"]').first.click()
+    for run_id, splits in digests.items():
+        assert sorted(splits) == ["synthetic-sft", "synthetic-train", "synthetic-val"]
+        cells = page.locator(f'[role="row"][row-id="{run_id}"]')
+        cells.first.wait_for(timeout=15_000)
+        text = " ".join(cells.nth(i).inner_text() for i in range(cells.count()))
+        for name, digest in splits.items():  # the Dataset column: name (digest) per split
+            assert f"{name} ({digest})" in text, text
+        assert "policy" in text  # the Models column: its logged model
+    # The three original jobs share their digests; the re-seeded job's differ in every split.
+    others = [d for run_id, d in digests.items() if run_id != sweep.reseeded]
+    assert len(others) == 3 and all(d == others[0] for d in others)
+    assert all(digests[sweep.reseeded][s] != others[0][s] for s in others[0])
+    shot(page, "runs-datasets.png")
+    # The Datasets filter offers each split under both digests.
+    page.get_by_text("Datasets", exact=True).first.click()
+    options = page.get_by_role("option")
+    options.first.wait_for(timeout=15_000)
+    labels = [options.nth(i).inner_text() for i in range(options.count())]
+    assert {label.split()[0] for label in labels} == set(others[0])
+    for digest in {others[0]["synthetic-train"], digests[sweep.reseeded]["synthetic-train"]}:
+        assert any(label.startswith(f"synthetic-train ({digest})") for label in labels), labels
+    shot(page, "runs-dataset-filter.png")
+    page.keyboard.press("Escape")
+
+    # The run page: its datasets, its registered prompts, its logged model.
+    child = next(c for c in sweep.children if c.info.run_id == sweep.reseeded)
+    page.goto(f"{server}/#/experiments/{experiment}/runs/{child.info.run_id}?{TRAINING}")
+    page.get_by_text("Logged models (1)").first.wait_for(timeout=45_000)
+    text = page.inner_text("body")
+    for prompt in lineage.linked_prompts(child):
+        assert f"{prompt['name']} (v{prompt['version']})" in text
+    assert {p["name"] for p in lineage.linked_prompts(child)} == {
+        "slca-exp.judge.rubric",
+        "slca-exp.simulator.replay",
+    }
+    assert "Registered prompts" in text and "Datasets" in text
+    assert "policy" in text and "Ready" in text
+    page.get_by_text("+2", exact=True).first.click()  # the Datasets section lists the other two
+    page.get_by_text("synthetic-val (").first.wait_for(timeout=15_000)
+    text = page.inner_text("body")
+    for name, digest in digests[sweep.reseeded].items():
+        assert f"{name} ({digest})" in text
+    shot(page, "run.png")
+    page.keyboard.press("Escape")
+    page.get_by_text("Logged models (1)").first.scroll_into_view_if_needed()
+    shot(page, "run-logged-model.png")

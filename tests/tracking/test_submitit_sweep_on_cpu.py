@@ -55,6 +55,25 @@ def test_submitit_local_sweep_gives_one_parent_and_a_child_per_job(tmp_path):
     assert all(r.info.status == "FINISHED" and "adv/tool/mean" in r.data.metrics for r in children)
     # the jobs really ran through submitit, each in its own process
     assert len(list((tmp_path / "multirun" / ".submitit").rglob("*_result.pkl"))) == 2
+    # each job is named with its log as it is submitted; the sweep ends saying where to look
+    submitted = [x for x in res.stderr.splitlines() if x.startswith("slca-exp: submitted ")]
+    assert len(submitted) == 2 and all(
+        x.startswith("slca-exp: submitted local job ") for x in submitted
+    )
+    assert all(Path(x.split(", log: ")[1]).is_file() for x in submitted)
+    sweep_id = parents[0].data.tags["slca.sweep"]
+    block = res.stderr[res.stderr.rindex("slca-exp: ---- where to look ----") :]
+    assert f"slca-exp: sweep {sweep_id} FINISHED: parent MLflow run {parents[0].info.run_id}" in (
+        block
+    )
+    assert f"slca-exp: compare: slca-exp compare {sweep_id} --tracking-uri sqlite:///" in block
+    for child in children:
+        assert f"COMPLETED, MLflow run {child.info.run_id}" in block
+    # each job's train.log holds the job's own slca-exp: lines (its closing block)
+    for num in (0, 1):
+        logged = (tmp_path / "multirun" / str(num) / "train.log").read_text()
+        assert "slca-exp: ---- where to look ----" in logged
+        assert f"slca-exp: sweep {sweep_id}: parent MLflow run" in logged
 
 
 def test_a_plugin_that_fails_to_import_is_a_clear_exit_2(tmp_path):

@@ -16,13 +16,13 @@ from mlflow import MlflowClient
 from slca_exp import train
 from slca_exp.config.compose import compose_run
 from slca_exp.registry import Registry
+from slca_exp.tracking import lineage
 from slca_exp.tracking.mlflow import mlflow_key
 from tests.tracking.synthetic import SyntheticEngine, step_metrics
 
 DRIVER = Path(__file__).with_name("run_train.py")
 WANDB = shutil.which("wandb") or str(Path(sys.executable).parent / "wandb")
 ENV_SECRET = "env-secret-7c1d9e2b4a"
-URL_SECRET = "url-secret-5b3f8a1e"
 
 
 def launch(tmp_path, *overrides, env=None):
@@ -50,7 +50,7 @@ def test_a_run_records_the_recipe_and_metrics_and_no_secret(tmp_path):
         tmp_path,
         "tracking=mlflow_wandb",
         "judge.api_key_env=JUDGE_API_KEY",
-        f"judge.base_url=http://slca:{URL_SECRET}@127.0.0.1:9/v1",
+        # (credentials in a URL are refused before the run: tests/test_preflight_on_cpu.py)
         # A config value that resolves to the secret itself.
         "judge.name=${oc.env:JUDGE_API_KEY}",
         env={"JUDGE_API_KEY": ENV_SECRET},
@@ -85,8 +85,24 @@ def test_a_run_records_the_recipe_and_metrics_and_no_secret(tmp_path):
         Path(client.download_artifacts(run.info.run_id, "recipe.json", str(tmp_path))).read_text()
     )
     assert recipe["fingerprint"][:12] == tags["slca.fingerprint"]
-    assert run.data.params["judge.base_url"] == "http://<redacted>@127.0.0.1:9/v1"
     assert run.data.params["judge.name"] == recipe["judge"]["name"] == "<redacted>"
+    # In MLflow's terms: the splits as dataset inputs, the templates from the prompt registry
+    # (version 1 of each in a new store), the experiment in the model-training view.
+    files = recipe["data"]["files"]
+    assert lineage.run_datasets(client.get_run(run.info.run_id)) == {
+        f"synthetic-{split}": entry["sha256"][:12] for split, entry in files.items()
+    }
+    prompts = recipe["prompts"]
+    assert lineage.linked_prompts(run) == [
+        {"name": prompts[g]["name"], "version": "1"} for g in ("judge", "simulator")
+    ]
+    assert prompts["judge"]["sha256"] == recipe["judge"]["prompt_sha256"]
+    experiment = client.get_experiment(run.info.experiment_id)
+    assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
+    (model,) = client.search_logged_models([run.info.experiment_id])
+    assert model.source_run_id == run.info.run_id
+    assert model.tags["slca.fingerprint"] == tags["slca.fingerprint"]
+    assert [f.path for f in client.list_logged_model_artifacts(model.model_id)] == ["config.json"]
 
     # W&B offline run, read back with wandb's own reader.
     (run_dir,) = (tmp_path / "outputs" / "wandb").glob("offline-run-*")
@@ -104,12 +120,24 @@ def test_a_run_records_the_recipe_and_metrics_and_no_secret(tmp_path):
     config = next(r["run"]["config"]["update"] for r in records if r["type"] == "run")
     assert config["fingerprint"] == recipe["fingerprint"]
     assert config["reward"] == recipe["reward"] and config["data"] == recipe["data"]
+    # The same splits and templates as W&B artifacts, with the same sha256.
+    artifacts = {r["artifact"]["name"]: r["artifact"] for r in records if r["type"] == "artifact"}
+    for split, entry in files.items():
+        artifact = artifacts[f"synthetic-{split}"]
+        assert artifact["type"] == "dataset"
+        assert json.loads(artifact["metadata"])["sha256"] == entry["sha256"]
+    for group in ("judge", "simulator"):
+        artifact = artifacts[prompts[group]["name"]]
+        assert artifact["type"] == "prompt"
+        assert json.loads(artifact["metadata"])["sha256"] == recipe[group]["prompt_sha256"]
+    assert artifacts["policy"]["type"] == "model"
+    assert json.loads(artifacts["policy"]["metadata"])["fingerprint"] == tags["slca.fingerprint"]
 
     # No secret anywhere: MLflow store and artifacts, W&B files, Hydra folders, output.
     files = [p for p in tmp_path.rglob("*") if p.is_file()]
     assert any(p.name == "overrides.yaml" for p in files)  # Hydra's folder is among them
     assert any(p.name == "debug.log" for p in files)  # and W&B's logs
-    for secret in (ENV_SECRET, URL_SECRET):
+    for secret in (ENV_SECRET,):
         assert secret not in out + err + inspected
         leaks = [p for p in files if secret.encode() in p.read_bytes()]
         assert leaks == [], f"{secret} found in {leaks}"

@@ -2,8 +2,8 @@
 
     load splits -> backbone (tokenizer + model) -> SFT (cached per recipe) -> validate
     -> RL steps: rollouts -> HierR rewards -> penalty routing -> segments (engine.rl.mask_rule)
-       -> estimator -> clipped PG update
-    -> validate -> checkpoint
+       -> estimator -> clipped PG update -> service outage check (``services/outage.py``)
+    -> validate -> checkpoint -> the final policy as an HF folder, the run's logged model
 
 It runs the same code paths a cluster run does (verl's row layout, multi-turn rollouts with
 environment-injected tool responses under mask 0, the rewards, judges, simulators, estimators
@@ -15,10 +15,12 @@ from __future__ import annotations
 import copy
 import math
 import random
+import shutil
 import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -28,6 +30,7 @@ from slca_exp.engines.local import data_io
 from slca_exp.engines.local.rollout import Roller, Rollouts, RolloutSettings
 from slca_exp.engines.local.sft import save_weights, sft_key, train_sft
 from slca_exp.engines.local.state import (
+    CHECKPOINT,
     RunState,
     load_checkpoint,
     resumable,
@@ -37,7 +40,9 @@ from slca_exp.engines.local.state import (
 from slca_exp.engines.local.update import rl_update
 from slca_exp.estimators import EstimatorParams, get_estimator
 from slca_exp.estimators.segments import SegmentSplit, split_segments
+from slca_exp.locks import file_lock, lock_path
 from slca_exp.rewards import HierRReward
+from slca_exp.services.outage import ServiceWatch
 from slca_exp.tracking import names
 from slca_exp.tracking.base import RunKilled, signals_deferred
 from slca_exp.tracking.mlflow import output_root
@@ -61,6 +66,10 @@ class RunResult:
     run_dir: str = ""
 
 
+POLICY = "policy"
+"""The final policy's folder in the run folder, and the name of the run's logged model."""
+
+
 class LocalEngine:
     """``engine=local``: registered in ``slca_exp.engines.ENGINES``."""
 
@@ -80,6 +89,11 @@ class LocalEngine:
         state = resumable(config) or RunState()
         state.run_ids = dict(run_ids)
         state.save(run_dir(config))
+
+    def checkpoint(self, config: RunConfig) -> Path | None:
+        """The run's checkpoint file (weights, optimizer, RNG states); None before the first."""
+        path = run_dir(config) / CHECKPOINT
+        return path if path.is_file() else None
 
     def run(self, config: RunConfig, recipe: Any, tracker: Any) -> RunResult:  # noqa: ANN401
         """Run SFT then RL as configured; resumable after a kill (see ``state.py``)."""
@@ -114,6 +128,7 @@ class _LocalRun:
         self.simulator = build_simulator(cfg.simulator)
         self.reward = HierRReward.from_config(cfg.reward)
         self.estimator = get_estimator(cfg.algorithm.name)
+        self.watch = ServiceWatch(cfg.reward.judge_failure, tag=_run_tagger(cfg, self.tracker))
         self.params = EstimatorParams.from_config(cfg.algorithm)
         self.roller = Roller(
             self.model,
@@ -147,6 +162,7 @@ class _LocalRun:
         finally:
             self.judge.close()
             self.simulator.close()
+        self._record_policy()
         self.state.status = "finished"
         self.state.save(self.folder)
         return RunResult(self.state.step, dict(self.state.val), last, str(self.folder))
@@ -160,28 +176,31 @@ class _LocalRun:
             return
         key = sft_key(self.backbone.path, split.sha256, sft, self.cfg.seed)
         cached = output_root(self.cfg.tracking) / "cache" / "sft" / key
-        if (cached / "config.json").is_file():
-            weights = type(self.model).from_pretrained(cached).state_dict()
-            self.model.load_state_dict(weights)
-            print(f"slca-exp: SFT weights reused from {cached}", file=sys.stderr)
-            return
-        examples = data_io.sft_examples(self.tok, split.rows, sft.max_len)
-        bar = _Progress(sft.steps, "sft", self.engine.progress)
-        skipped: list[int] = []  # the SFT step each label-less batch was drawn for
-        losses = train_sft(
-            self.model,
-            examples,
-            sft,
-            seed=self.cfg.seed,
-            pad_id=self.roller.pad_id,
-            on_step=lambda step, loss: bar.update({"loss": loss}),
-            on_skip=lambda step, _: skipped.append(step),
-        )
-        bar.close()
-        self.tracker.log_metrics(
-            {names.SFT_LOSS: losses[-1], names.SFT_SKIPPED_BATCHES: float(len(skipped))}, 0
-        )
-        save_weights(self.model, self.tok, cached)
+        # Jobs that share an SFT key (a sweep over RL settings) train it once: the others wait on
+        # the key's lock, then load the weights it saved.
+        with file_lock(lock_path(cached)):
+            if (cached / "config.json").is_file():
+                weights = type(self.model).from_pretrained(cached).state_dict()
+                self.model.load_state_dict(weights)
+                print(f"slca-exp: SFT weights reused from {cached}", file=sys.stderr)
+                return
+            examples = data_io.sft_examples(self.tok, split.rows, sft.max_len)
+            bar = _Progress(sft.steps, "sft", self.engine.progress)
+            skipped: list[int] = []  # the SFT step each label-less batch was drawn for
+            losses = train_sft(
+                self.model,
+                examples,
+                sft,
+                seed=self.cfg.seed,
+                pad_id=self.roller.pad_id,
+                on_step=lambda step, loss: bar.update({"loss": loss}),
+                on_skip=lambda step, _: skipped.append(step),
+            )
+            bar.close()
+            self.tracker.log_metrics(
+                {names.SFT_LOSS: losses[-1], names.SFT_SKIPPED_BATCHES: float(len(skipped))}, 0
+            )
+            save_weights(self.model, self.tok, cached)
 
     def _rl(self, optimizer: torch.optim.Optimizer) -> dict[str, float]:
         rl, rollout = self.engine.rl, self.engine.rollout
@@ -240,6 +259,7 @@ class _LocalRun:
                 if self.state.step % self.engine.checkpoint_every == 0:
                     save_checkpoint(self.folder, self.model, optimizer, self.state)
             last = metrics
+            self.watch.observe(metrics, self.state.step)  # the step is recorded: stop may raise
             bar.update(
                 {
                     "tool": metrics["reward/tool/mean"],
@@ -255,6 +275,17 @@ class _LocalRun:
         self._validate("rl", self.state.step)
         save_checkpoint(self.folder, self.model, optimizer, self.state)
         return last
+
+    def _record_policy(self) -> None:
+        """Save the trained policy as an HF folder and record it as the run's model.
+
+        ``<run folder>/policy`` (weights, config, tokenizer) loads with ``from_pretrained``; the
+        trackers copy it or, with ``tracking.log_model=false``, refer to it.
+        """
+        folder = self.folder / POLICY
+        shutil.rmtree(folder, ignore_errors=True)  # left by an earlier run of this command
+        save_weights(self.model, self.tok, folder)
+        self.tracker.log_model(folder, name=POLICY, step=self.state.step)
 
     def _validate(self, label: str, step: int) -> dict[str, float]:
         """Greedy, one sample per validation prompt; logs ``val/...`` and prints the summary."""
@@ -351,6 +382,19 @@ def _log_advantages(tracker: Any, adv: Any, step: int) -> None:  # noqa: ANN401
     from slca_exp.tracking.plots import advantage_samples
 
     log(advantage_samples(adv), step)
+
+
+def _run_tagger(config: RunConfig, tracker: Any) -> Any:  # noqa: ANN401
+    """Sets a tag of the run's MLflow run (None without one): what an outage is recorded as."""
+    run_id = _run_ids(tracker).get("mlflow")
+    if not run_id:
+        return None
+    from mlflow.tracking import MlflowClient
+
+    from slca_exp.tracking.mlflow import store_uri
+
+    client = MlflowClient(store_uri(config.tracking))
+    return lambda key, value: client.set_tag(run_id, key, value)
 
 
 def _run_ids(tracker: Any) -> dict[str, str]:  # noqa: ANN401

@@ -276,10 +276,14 @@ def model_path(config: RunConfig, recipe: Recipe | None = None) -> str:
     """
     if config.backbone.source != "builtin":
         return str(config.backbone.path)
+    from slca_exp.preflight import may_create
+    from slca_exp.tracking.mlflow import output_root
+
+    if not may_create():  # a check that only looks (validate, --dry-run): build nothing
+        return f"<built at launch under {output_root(config.tracking) / 'cache' / 'backbones'}>"
     from slca_exp.backbones import load_backbone
     from slca_exp.data.splits import load_splits
     from slca_exp.engines.local.data_io import corpus
-    from slca_exp.tracking.mlflow import output_root
 
     splits = load_splits(config)
     built = load_backbone(
@@ -307,9 +311,18 @@ def agent_loop(estimator: str) -> str:
 
 
 def our_section(config: RunConfig) -> dict[str, Any]:
-    """What the verl config carries under :data:`OUR_KEY` for the reward workers and tools."""
+    """What the verl config carries under :data:`OUR_KEY` for the reward workers and tools.
+
+    verl logs its whole config as MLflow params, this section included, so it goes through the
+    run's redactor: secrets reach the workers through the environment (``api_key_env``) only.
+    """
+    from slca_exp.tracking.redact import Redactor
+
+    redactor = Redactor.for_config(config)
     return {
-        name: OmegaConf.to_container(OmegaConf.structured(getattr(config, name)), resolve=True)
+        name: redactor.mapping(
+            OmegaConf.to_container(OmegaConf.structured(getattr(config, name)), resolve=True)
+        )
         for name in ("reward", "judge", "simulator")
     }
 

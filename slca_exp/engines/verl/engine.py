@@ -136,6 +136,15 @@ class VerlEngine:
         (folder / FINISHED_FILE).unlink(missing_ok=True)
         _write_run_ids(folder, run_ids)
 
+    def checkpoint(self, config: RunConfig) -> Path | None:
+        """The latest verl checkpoint of the run (``global_step_<N>``); None before the first."""
+        folder = translate.verl_dir(config) / "checkpoints"
+        try:
+            step = int((folder / "latest_checkpointed_iteration.txt").read_text().strip())
+        except (OSError, ValueError):
+            return None
+        return folder / f"global_step_{step}"
+
     def run(self, config: RunConfig, recipe: Any, tracker: Any) -> VerlRunResult:  # noqa: ANN401
         """Prepare the verl run, then SFT and RL through verl on the job's Ray cluster."""
         from slca_exp.engines.verl.sft import finished_sft, run_sft
@@ -181,6 +190,9 @@ class VerlEngine:
                 flush=True,
             )
             raise RunPreempted(f"verl's trainer stopped after RL step {stopped.step}")
+        final = final_hf_checkpoint(launch.folder / "checkpoints")
+        if final is not None:  # the run's logged model
+            tracker.log_model(final[0], name="policy", step=final[1])
         print(f"slca-exp: verl run took {clock.report()}", flush=True)
         return VerlRunResult(
             run_dir=str(launch.folder),
@@ -188,6 +200,21 @@ class VerlEngine:
             model_path=model_path,
             files=[str(p) for p in launch.files],
         )
+
+
+def final_hf_checkpoint(checkpoints: Path) -> tuple[Path, int] | None:
+    """The last actor checkpoint verl wrote in HF format, and its step (None: there is none).
+
+    verl records its last step in ``latest_checkpointed_iteration.txt`` and writes the HF
+    weights, config and tokenizer into ``global_step_<N>/actor/huggingface`` when ``hf_model``
+    is among ``actor_rollout_ref.actor.checkpoint.save_contents``.
+    """
+    try:
+        step = int((checkpoints / "latest_checkpointed_iteration.txt").read_text().strip())
+    except (OSError, ValueError):
+        return None
+    folder = checkpoints / f"global_step_{step}" / "actor" / "huggingface"
+    return (folder, step) if (folder / "config.json").is_file() else None
 
 
 class _Clock:
@@ -221,7 +248,8 @@ def _minutes(seconds: float) -> str:
 def check(config: RunConfig, recipe: Any = None) -> list[Problem]:  # noqa: ANN401
     """Every problem of the run's verl configs, RL and (when on) SFT; [] when valid.
 
-    verl's own checks included (``check_verl_config``, ``check_sft_config``).
+    verl's own checks included (``check_verl_config``, ``check_sft_config``), and, when a
+    command's jobs run on this host (``slca_exp.preflight.runs_here``), the GPUs it asks for.
     """
     from slca_exp.engines.verl.sft import check_sft_config, sft_config
 
@@ -232,9 +260,19 @@ def check(config: RunConfig, recipe: Any = None) -> list[Problem]:  # noqa: ANN4
         v = config.engine.verl
         problems += cpu.problems(v.strategy, v.tensor_model_parallel_size)
     try:
-        problems += check_verl_config(translate.verl_config(config, recipe))
+        cfg = translate.verl_config(config, recipe)
+        problems += check_verl_config(cfg)
     except ConfigError as err:
         problems += err.problems
+    else:
+        from slca_exp.preflight import runs_here
+
+        # A command whose jobs run here: the GPUs verl would wait for must be here too.
+        if runs_here() and not problems and translate.backend_of(config) != "cpu":
+            try:
+                require_gpus(cfg)
+            except ConfigError as err:
+                problems += err.problems
     if config.engine.sft.enabled:
         try:
             problems += check_sft_config(sft_config(config, recipe))

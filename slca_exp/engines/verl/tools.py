@@ -14,6 +14,8 @@ the ``BaseTool`` registered under each call's name, listed in a tool-config YAML
        the question and the recorded responses, which verl's dataset reads from
        ``extra_info.tools_kwargs``) -> ``execute`` -> our simulator (replay or SGLS, with its
        schema check and cache) -> ``release``
+    -> each answer's status counted in the rollout's ``extra_fields`` (:data:`SIM_REQUESTS_KEY`,
+       :data:`SIM_FAILURES_KEY`): slca-exp's trainer turns them into ``simulator/*`` metrics
 
 The simulator is built once per worker process and shared by the tools of that process.
 """
@@ -33,6 +35,10 @@ from slca_exp.config.schema import SimulatorConfig
 from slca_exp.rewards.types import ToolCall
 from slca_exp.simulators import SimContext, Simulator, build_simulator
 
+SIM_REQUESTS_KEY = "slca/simulator/requests"
+"""A rollout's tool calls the simulator was asked to answer (the schema check passed)."""
+SIM_FAILURES_KEY = "slca/simulator/failures"
+"""Those it could not answer after its retries."""
 TOOL_CLASS = "slca_exp.engines.verl.tools.SimulatedTool"
 """What the tool config names as ``class_name`` (verl imports it by this path)."""
 
@@ -221,11 +227,42 @@ class SimulatedTool(_ToolBase):  # type: ignore[misc, valid-type]
             "cached": answer.cached,
             "latency_ms": answer.latency_ms,
         }
+        count_answer(getattr(kwargs.get("agent_data"), "extra_fields", None), answer.status)
         return _VerlToolResponse(text=answer.content), 0.0, metrics
 
     async def release(self, instance_id: str, **kwargs: Any) -> None:  # noqa: ANN401
         """Close the call."""
         self._contexts.pop(instance_id, None)
+
+
+def count_answer(extra_fields: dict[str, Any] | None, status: str) -> None:
+    """Count one simulator answer in a rollout's ``extra_fields`` (verl's agent data).
+
+    verl's loop hands each tool call its rollout's ``agent_data``, whose ``extra_fields`` travel
+    with the rollout to the trainer; a call that failed the schema check never reached the
+    simulator and is not a request.
+    """
+    if extra_fields is None or status == "schema_error":
+        return
+    extra_fields[SIM_REQUESTS_KEY] = int(extra_fields.get(SIM_REQUESTS_KEY, 0)) + 1
+    failed = int(status == "failed")
+    extra_fields[SIM_FAILURES_KEY] = int(extra_fields.get(SIM_FAILURES_KEY, 0)) + failed
+
+
+def simulator_metrics(extra_fields: Iterable[Any]) -> dict[str, float]:
+    """``simulator/requests`` and ``simulator/failures`` of a step, from its rollouts' fields.
+
+    {} when no rollout carries the counts (no tool was called, or another tool answered).
+    """
+    from slca_exp.simulators.base import FAILURES, REQUESTS
+
+    rows = [f for f in extra_fields if isinstance(f, Mapping) and SIM_REQUESTS_KEY in f]
+    if not rows:
+        return {}
+    return {
+        REQUESTS: float(sum(int(f[SIM_REQUESTS_KEY]) for f in rows)),
+        FAILURES: float(sum(int(f.get(SIM_FAILURES_KEY, 0)) for f in rows)),
+    }
 
 
 def _simulator_config(config: Mapping[str, Any]) -> SimulatorConfig:

@@ -15,6 +15,9 @@ overrides one step of the training loop, ``_compute_advantage``, and calls verl'
                                                     leaves its per-segment stats)
       verl's own estimator (grpo): its advantages read back -> the same per-segment stats
       reward_extra_info rows  ->  reward/* and judge/* metrics
+      the simulator's counts (tools.py) -> simulator/requests, simulator/failures
+      -> a step where every judge or simulator request failed: ``services/outage.py`` warns,
+         tags the run and, under ``reward.judge_failure=stop``, stops the run
     -> metrics (our names, ``slca_exp.tracking.names``) logged by verl's tracker at that step,
        next to verl's own
     -> with ``engine.verl.dump_batches``: the step's batch as the actor receives it
@@ -57,7 +60,9 @@ from slca_exp.engines.verl.stopping import (
     end_recipe_run,
     logged_through,
 )
+from slca_exp.engines.verl.tools import simulator_metrics
 from slca_exp.estimators import RolloutScores
+from slca_exp.services.outage import ServiceWatch
 
 TRAINER_MODE = "slca_sync"
 """``trainer.v1.trainer_mode`` of :class:`SLCATrainer`."""
@@ -222,7 +227,8 @@ class SLCATrainer(PPOTrainerSync):
         data = tq.kv_batch_get(
             keys=batch.keys, partition_id=batch.partition_id, select_fields=["extra_fields"]
         )
-        infos = batch_infos(data.pop("extra_fields").tolist())
+        fields = data.pop("extra_fields").tolist()
+        infos = batch_infos(fields)
         corrected = mask_rule(self.config.algorithm) == "corrected"
         no_summary = no_summary_rows(infos) if corrected else None
         facts = (no_summary, absent_summary_rows(infos), reported_scores(infos))
@@ -231,11 +237,21 @@ class SLCATrainer(PPOTrainerSync):
         stats = call.stats
         if self.config.algorithm.adv_estimator not in NAMES:  # verl's own: read its result back
             stats = self._advantage_stats(batch, no_summary)
-        metrics.update(segment_metrics(infos, stats))
+        ours = {**segment_metrics(infos, stats), **simulator_metrics(fields)}
+        metrics.update(ours)
+        self._service_watch().observe(ours, self.global_steps)
         folder = OmegaConf.select(self.config, DUMP_KEY, default=None)
         if folder:
             dump_batch(batch, infos, Path(folder) / f"step_{self.global_steps}.pt")
         return batch
+
+    def _service_watch(self) -> ServiceWatch:
+        """The run's outage watch; outages tag the MLflow run verl's logger attached to."""
+        watch = getattr(self, "_watch", None)
+        if watch is None:
+            policy = OmegaConf.select(self.config, f"{OUR_KEY}.reward.judge_failure")
+            watch = self._watch = ServiceWatch(str(policy or "absent"), tag=_tag_active_run)
+        return watch
 
     def _advantage_stats(self, batch: Any, no_summary: Any) -> dict[str, float]:  # noqa: ANN401
         """Our per-segment metrics of the advantages verl's own estimator wrote."""
@@ -248,6 +264,13 @@ class SLCATrainer(PPOTrainerSync):
         padded = data.to_padded_tensor()
         uid = np.array(padded.pop("uid").tolist(), dtype=object)
         return advantage_stats(padded["advantages"], padded["response_mask"], uid, no_summary)
+
+
+def _tag_active_run(key: str, value: str) -> None:
+    """Tag the MLflow run verl's logger writes to in this process (nothing without one)."""
+    mlflow = sys.modules.get("mlflow")
+    if mlflow is not None and mlflow.active_run() is not None:
+        mlflow.set_tag(key, value)
 
 
 def dump_batch(batch: Any, infos: Sequence[Mapping[str, Any]], path: Path) -> Path:  # noqa: ANN401

@@ -156,6 +156,7 @@ def trainer(config, estimator, rule, group):
     instance.config = OmegaConf.create(
         {"algorithm": algorithm, "actor_rollout_ref": {"rollout": {"n": group}}}
     )
+    instance.global_steps = 1  # what verl's fit() sets before the first step
     return instance
 
 

@@ -275,11 +275,21 @@ def test_composing_verls_config_leaves_a_running_hydra_alone():
         assert compose(config_name="config").engine.name == "local"
 
 
+SUBMITTED_7B = [
+    "experiment=paper_7b",
+    "data=synthetic",
+    "launcher=slurm_gpu_8x",
+    "launcher.partition=null",  # whatever SLURM this host has: its default partition
+]
+
+
 def test_train_cfg_job_prints_ours_then_the_verl_config(tmp_path):
     # A subprocess, as a user runs it: Hydra's --cfg leaves its global state set in a process.
     exe = shutil.which("slca-exp") or str(Path(sys.executable).parent / "slca-exp")
+    # A cluster submission (no GPUs wanted here), its servers started with the job (--offline),
+    # the synthetic split (the paper's files are not here: it is reported as to be generated).
     res = subprocess.run(
-        [exe, "train", "experiment=paper_7b", "--cfg", "job"],
+        [exe, "train", *SUBMITTED_7B, "--cfg", "job", "--offline"],
         cwd=tmp_path,
         capture_output=True,
         text=True,
@@ -298,11 +308,11 @@ def test_train_dry_run_writes_the_checked_verl_config_and_nothing_else(
 ):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("SLCA_EXP_ROOT", str(tmp_path / "out"))
-    assert main(["train", "experiment=paper_7b", "data.dir=/cluster/toucan", "--dry-run"]) == 0
+    assert main(["train", *SUBMITTED_7B, "--dry-run", "--offline"]) == 0
     out = capsys.readouterr().out
     files = {p.name: p for p in tmp_path.rglob("*") if p.is_file()}
-    # the toucan split lives on the cluster: its tool config and data copies are written at
-    # launch, not here
+    # the synthetic split is generated at launch, not here: so are its tool config and data
+    # copies
     assert set(files) == {"ppo_trainer.yaml", "agent_loops.yaml", "sft_trainer.yaml"}
     assert "verl SFT config checked and written to" in out
     written = files["ppo_trainer.yaml"]
@@ -316,8 +326,8 @@ def test_train_dry_run_writes_the_checked_verl_config_and_nothing_else(
 def test_train_dry_run_refuses_what_verl_refuses_creating_nothing(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("SLCA_EXP_ROOT", str(tmp_path / "out"))
-    args = ["train", "experiment=paper_7b", "engine.verl.tensor_model_parallel_size=3"]
-    assert main([*args, "--dry-run"]) == 2
+    args = ["train", *SUBMITTED_7B, "engine.verl.tensor_model_parallel_size=3"]
+    assert main([*args, "--dry-run", "--offline"]) == 2
     err = capsys.readouterr().err
     assert "actor_rollout_ref.rollout.tensor_model_parallel_size" in err and "fix:" in err
     assert list(tmp_path.iterdir()) == []

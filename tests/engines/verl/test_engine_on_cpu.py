@@ -7,10 +7,8 @@ cluster user points ``backbone.path`` at); the data is the synthetic split.
 
 import json
 import os
-import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -47,18 +45,23 @@ def tiny_folder(tmp_path_factory):
     cfg = OC.structured(BackboneConfig(name="tiny", source="builtin", arch=TinyArchConfig()))
     texts = ["<tool_call> get_weather city Paris </tool_call> It is sunny in Paris."] * 20
     build_tiny(cfg, corpus=lambda: texts, cache_root=root, seed=0)
-    (folder,) = (root / "backbones").iterdir()
+    (folder,) = [p for p in (root / "backbones").iterdir() if p.is_dir()]  # not its lock file
     return folder
+
+
+TASK = "import sys; from slca_exp.train import main; sys.argv[0] = 'slca-exp'; main()"
+"""The Hydra task of ``slca-exp train`` alone, as a submitted job runs it: the command line
+refuses this recipe here before anything starts (its jobs would run here, without the GPUs),
+so the task shows what the job itself prepares before verl's trainer would wait for them."""
 
 
 @pytest.fixture(scope="module")
 def cpu_run(tiny_folder, tmp_path_factory):
-    """``slca-exp train engine=verl ...`` as a user runs it, on this GPU-less host."""
+    """``engine=verl ...`` as a job runs it, on this GPU-less host."""
     work = tmp_path_factory.mktemp("verl-run")
     env = {**os.environ, "SLCA_EXP_ROOT": str(work / "out")}
-    exe = shutil.which("slca-exp") or str(Path(sys.executable).parent / "slca-exp")
     res = subprocess.run(
-        [exe, "train", *SMALL, f"backbone.path={tiny_folder}"],
+        [sys.executable, "-c", TASK, *SMALL, f"backbone.path={tiny_folder}"],
         cwd=work,
         env=env,
         capture_output=True,
@@ -70,6 +73,7 @@ def cpu_run(tiny_folder, tmp_path_factory):
 
 
 def test_it_stops_before_verl_would_wait_for_gpus_naming_the_key(cpu_run):
+    # (the command line refuses it before anything starts: tests/engines/test_bad_configs_on_cpu.py)
     res, _, _ = cpu_run
     assert res.returncode == 2, res.stderr[-3000:]
     assert "engine.verl.n_gpus_per_node" in res.stderr

@@ -14,9 +14,13 @@ from verl.tools.tool_registry import initialize_tools_from_config  # noqa: E402
 from slca_exp.config.schema import SimulatorConfig  # noqa: E402
 from slca_exp.data.synthetic import build_rows  # noqa: E402
 from slca_exp.engines.verl.tools import (  # noqa: E402
+    SIM_FAILURES_KEY,
+    SIM_REQUESTS_KEY,
     SimulatedTool,
     ToolConfigError,
+    count_answer,
     schemas_of,
+    simulator_metrics,
     tools_kwargs,
     write_tool_config,
 )
@@ -27,14 +31,14 @@ def rows():
     return build_rows(24, "train", seed=7)
 
 
-def call(tool, row, arguments):
+def call(tool, row, arguments, agent_data=None):
     """One call as verl's ToolAgentLoop makes it: create, execute, release."""
 
     async def go():
         kwargs = tools_kwargs(row)[tool.name]
         instance_id, _ = await tool.create(create_kwargs=kwargs["create_kwargs"])
         try:
-            return await tool.execute(instance_id, arguments, agent_data=None)
+            return await tool.execute(instance_id, arguments, agent_data=agent_data)
         finally:
             await tool.release(instance_id)
 
@@ -85,3 +89,22 @@ def test_one_tool_name_with_two_schemas_is_refused_naming_it(rows):
     twisted["reward_model"]["ground_truth"]["tool_schemas"] = json.dumps(schemas)
     with pytest.raises(ToolConfigError, match=repr(schemas[0]["function"]["name"])):
         schemas_of([rows[0], twisted])
+
+
+def test_each_answer_is_counted_in_its_rollouts_fields_for_the_simulator_metrics(tmp_path, rows):
+    tools = {t.name: t for t in initialize_tools_from_config(
+        str(write_tool_config(tmp_path / "tools.yaml", rows, SimulatorConfig()))
+    )}  # fmt: skip
+    row = next(r for r in rows if r["reward_model"]["ground_truth"]["subset_name"] == "tool_call")
+    recorded = json.loads(row["extra_info"]["tool_responses"])[0]
+    agent_data = type("AgentData", (), {})()
+    agent_data.extra_fields = {}  # what verl's loop hands each call of one rollout
+    call(tools[recorded["name"]], row, recorded["arguments"], agent_data)
+    assert agent_data.extra_fields == {SIM_REQUESTS_KEY: 1, SIM_FAILURES_KEY: 0}
+    other = {}
+    for status in ("failed", "schema_error", "ok", "failed"):
+        count_answer(other, status)
+    assert other == {SIM_REQUESTS_KEY: 3, SIM_FAILURES_KEY: 2}  # schema errors never asked
+    fields = [agent_data.extra_fields, other, {"turn_scores": []}]
+    assert simulator_metrics(fields) == {"simulator/requests": 4.0, "simulator/failures": 2.0}
+    assert simulator_metrics([{"turn_scores": []}]) == {}

@@ -20,6 +20,7 @@ from verl.trainer.ppo.v1 import get_trainer_cls  # noqa: E402
 from verl.utils.tensordict_utils import list_of_dict_to_tensordict  # noqa: E402
 
 from slca_exp.engines.verl import plugin  # noqa: E402, F401 - registers the trainer
+from slca_exp.engines.verl.config import OUR_KEY  # noqa: E402
 from slca_exp.engines.verl.rewards import (  # noqa: E402
     NO_SUMMARY_KEY,
     SUMMARY_KEY,
@@ -27,9 +28,11 @@ from slca_exp.engines.verl.rewards import (  # noqa: E402
     place_segment_scores,
     reward_metrics,
 )
+from slca_exp.engines.verl.tools import SIM_FAILURES_KEY, SIM_REQUESTS_KEY  # noqa: E402
 from slca_exp.engines.verl.trainer import TRAINER_MODE, SLCATrainer, registered  # noqa: E402
 from slca_exp.estimators import slca_grpo_advantages  # noqa: E402
 from slca_exp.estimators.segments import split_segments  # noqa: E402
+from slca_exp.services.outage import ServiceOutage  # noqa: E402
 from slca_exp.tracking import names  # noqa: E402
 
 
@@ -121,6 +124,7 @@ def trainer(mask_rule):
     )
     instance = SLCATrainer.__new__(SLCATrainer)
     instance.config = config
+    instance.global_steps = 1
     return instance
 
 
@@ -218,3 +222,30 @@ def test_reward_metrics_leave_out_absent_summaries_and_other_managers_rows():
     assert stats["reward/tool/mean"] == pytest.approx(0.75)
     assert stats["judge/failures"] == 1.0
     assert reward_metrics([{}, {"acc": 1.0}]) == {}
+
+
+def test_a_step_whose_every_judge_request_failed_stops_the_run_under_stop(monkeypatch, capsys):
+    queue, batch, _ = queue_with_group(False)
+    for key in batch.keys:
+        row = queue.rows[("train", key)]["extra_fields"]
+        row["reward_extra_info"].update(
+            {"slca/summary_failed": 1, "slca/judge/score": float("nan")}
+        )
+        row["reward_extra_info"]["slca/judge_status"] = "failed"
+        row[SIM_REQUESTS_KEY], row[SIM_FAILURES_KEY] = 2, 1  # the simulator half answered
+    monkeypatch.setattr(transfer_queue, "kv_batch_get", queue.kv_batch_get)
+    monkeypatch.setattr(transfer_queue, "kv_batch_put", queue.kv_batch_put)
+    absent = trainer("parity")
+    absent.config[OUR_KEY] = {"reward": {"judge_failure": "absent"}}
+    metrics = {}
+    absent._compute_advantage(batch, metrics)  # goes on, loudly
+    n = len(GROUP)
+    assert metrics["judge/requests"] == metrics["judge/failures"] == n
+    assert metrics["simulator/requests"] == 2 * n and metrics["simulator/failures"] == n
+    err = capsys.readouterr().err
+    assert f"WARNING: every judge request of RL step 1 failed ({n} of {n})" in err
+    assert "every simulator request" not in err
+    stop = trainer("parity")
+    stop.config[OUR_KEY] = {"reward": {"judge_failure": "stop"}}
+    with pytest.raises(ServiceOutage, match="reward.judge_failure=stop"):
+        stop._compute_advantage(batch, {})

@@ -53,6 +53,8 @@ from slca_exp.estimators import EstimatorParams, RolloutScores, get_estimator  #
 from slca_exp.estimators.segments import split_segments  # noqa: E402
 from slca_exp.judges.base import LABELS  # noqa: E402
 from slca_exp.services.loopback import Behaviour, RecordedRequest, serve_in_thread  # noqa: E402
+from slca_exp.tracking.redact import REDACTED  # noqa: E402
+from tests.planted import PLANTED, SECRET, SECRET_ENV, leaks, mlflow_texts  # noqa: E402
 
 STEPS = 12
 """RL steps of the run."""
@@ -189,6 +191,7 @@ def verl_run(tool_caller, tmp_path_factory):
             "'ray_kwargs.ray_init.runtime_env.env_vars.MKL_NUM_THREADS=1']",
             "reward.judge_failure=absent",
             "judge=openai",
+            *PLANTED,  # a secret through every config route: test_no_secret_in_any_store
             f"judge.base_url={url}",
             f"judge.model={JUDGE_MODEL}",
             f"judge.timeout_s={JUDGE_TIMEOUT_S}",
@@ -211,7 +214,7 @@ def verl_run(tool_caller, tmp_path_factory):
         process = subprocess.Popen(
             [exe, "train", *args],
             cwd=work,
-            env=_cli_env(),
+            env={**_cli_env(), SECRET_ENV: SECRET},
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -291,7 +294,8 @@ def params(verl_run):
     """The recipe's estimator hyper-parameters (the run's composed ``algorithm``)."""
     from slca_exp.config.compose import compose_run
 
-    return EstimatorParams.from_config(compose_run(verl_run.args).algorithm)
+    args = [a for a in verl_run.args if a not in PLANTED]  # its variable is the run's only
+    return EstimatorParams.from_config(compose_run(args).algorithm)
 
 
 def test_the_advantages_verls_actor_receives_are_our_estimators_at_every_step(verl_run, params):
@@ -357,6 +361,16 @@ def test_judge_failures_are_absent_summaries_counted_and_the_run_goes_on(verl_ru
     assert 0 in failures.values() and max(failures.values()) > 0  # ... at some steps, not all
 
 
+def test_every_step_counts_its_judge_and_simulator_requests_and_none_was_an_outage(verl_run):
+    assert verl_run.metric("judge/requests") == dict.fromkeys(range(1, STEPS + 1), ROLLOUTS)
+    asked, lost = verl_run.metric("simulator/requests"), verl_run.metric("simulator/failures")
+    assert set(asked) <= set(range(1, STEPS + 1)) and set(lost) == set(asked)
+    assert sum(lost.values()) == verl_run.services.simulated.count("500")  # every other call
+    assert sum(asked.values()) == len(verl_run.services.simulated)
+    assert "slca.outage.judge" not in verl_run.client.get_run(verl_run.run_id).data.tags
+    assert "every judge request" not in verl_run.result.stdout + verl_run.result.stderr
+
+
 def test_a_simulator_error_reaches_the_policy_as_the_local_engine_words_it(verl_run, tool_caller):
     from transformers import AutoTokenizer
 
@@ -410,3 +424,13 @@ def test_verls_prompts_list_the_rows_own_tools_as_the_local_engine_does(verl_run
         local = render_prompt(tokenizer, list(row["prompt"]), row_tools(row))
         ids = tokenizer(local, add_special_tokens=False)["input_ids"]
         assert rollout["input"] == tokenizer.decode(ids, skip_special_tokens=True)
+
+
+def test_no_secret_in_any_store(verl_run, tmp_path):
+    """The planted secret reached verl's config as ``<redacted>`` and is in no store or log."""
+    params = verl_run.client.get_run(verl_run.run_id).data.params
+    assert params["slca_exp/judge/name"] == params["judge.name"] == REDACTED  # verl's and ours
+    texts = mlflow_texts(verl_run.client, verl_run.run_id, tmp_path)
+    stdio = [verl_run.result.stdout, verl_run.result.stderr]
+    stores = [verl_run.root, verl_run.rollout_dir, verl_run.root.parent / "outputs", tmp_path]
+    assert leaks(SECRET, stores, texts + stdio) == []

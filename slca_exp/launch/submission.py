@@ -1,0 +1,121 @@
+"""A sweep submitted through submitit: where each job is, said at once; scheduler noise, once.
+
+hydra-submitit-launcher submits the sweep's jobs (one SLURM array job), then waits for their
+results without saying which jobs it submitted. The sweep callback (``tracking/sweep.py``)
+starts two helpers in the launching process before the jobs are submitted, whatever way the
+launcher was chosen (``launcher=`` profile or ``hydra/launcher=``):
+
+- :class:`SubmissionWatch`: submitit gives each job a folder named after its id
+  (``<sweep dir>/.submitit/<id>``, with ``<id>_submitted.pkl``) as soon as the job is submitted;
+  the watch says one line per job: its SLURM job id (``<array id>_<index>``, or the process id
+  of a local job) and its log file (submitit's ``<id>_0_log.out``);
+- :func:`quiet_repeated_sacct_warnings`: submitit polls ``sacct`` while it waits, and on a
+  cluster without accounting warns that the call failed at every poll, each warning printed by
+  three handlers (24 lines for a 1-minute job). The filter says it once: job states then come
+  from submitit's own files, which is all a sweep needs.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import threading
+from pathlib import Path
+
+SACCT_WARNING = "Bypassing sacct error"
+"""What submitit's warning says when ``sacct`` fails (``submitit/core/core.py``)."""
+POLL_S = 0.5
+"""How often :class:`SubmissionWatch` looks for new job folders."""
+
+
+class _SacctOnce(logging.Filter):
+    """Drops submitit's repeated ``sacct`` warning; the first becomes one line of ours."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen = 0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if SACCT_WARNING not in record.getMessage():
+            return True
+        self.seen += 1
+        if self.seen == 1:
+            print(
+                "slca-exp: submitit cannot ask SLURM's accounting (its sacct call failed); job "
+                "states are read from submitit's own files instead (said once)",
+                file=sys.stderr,
+                flush=True,
+            )
+        return False
+
+
+def quiet_repeated_sacct_warnings() -> logging.Filter:
+    """Put the filter on submitit's logger (once per process); returns it."""
+    logger = logging.getLogger("submitit")
+    for existing in logger.filters:
+        if isinstance(existing, _SacctOnce):
+            return existing
+    found = _SacctOnce()
+    logger.addFilter(found)
+    return found
+
+
+def submitted_jobs(folder: Path) -> list[str]:
+    """Ids of the jobs submitted into submitit's ``folder``, in submission order.
+
+    A job's folder holds its ``<id>_submitted.pkl``; an array's own folder (``<array id>``,
+    with the sbatch script) holds none. Array elements sort by index.
+    """
+    if not folder.is_dir():
+        return []
+    ids = [p.name for p in folder.iterdir() if (p / f"{p.name}_submitted.pkl").is_file()]
+    return sorted(ids, key=lambda i: [int(part) if part.isdigit() else 0 for part in i.split("_")])
+
+
+def job_line(job_id: str, folder: Path, kind: str) -> str:
+    """``slca-exp: submitted SLURM job 12_0, log: <folder>/12_0/12_0_0_log.out``.
+
+    >>> job_line("12_0", Path("/s/.submitit"), "SLURM job")
+    'slca-exp: submitted SLURM job 12_0, log: /s/.submitit/12_0/12_0_0_log.out'
+    """
+    return f"slca-exp: submitted {kind} {job_id}, log: {folder / job_id / f'{job_id}_0_log.out'}"
+
+
+class SubmissionWatch:
+    """Says each job submitit submits into ``folder``, once, as soon as its folder appears.
+
+    Args:
+        folder: submitit's folder of the sweep (``<sweep dir>/.submitit``).
+        kind: what a job is called: ``SLURM job`` or ``local job``.
+
+    """
+
+    def __init__(self, folder: Path, kind: str) -> None:
+        self.folder = folder
+        self.kind = kind
+        self.said: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="slca-submission", daemon=True)
+
+    def start(self) -> SubmissionWatch:
+        """Start watching (a daemon thread)."""
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop watching, after saying the jobs not said yet (idempotent)."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
+        self.say_new()
+
+    def say_new(self) -> None:
+        """Say the jobs whose folders appeared since the last look."""
+        for job_id in submitted_jobs(self.folder):
+            if job_id not in self.said:
+                self.said.append(job_id)
+                print(job_line(job_id, self.folder, self.kind), file=sys.stderr, flush=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(POLL_S):
+            self.say_new()
