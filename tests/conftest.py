@@ -2,11 +2,11 @@
 
 ``make test`` runs the suite on two pytest-xdist workers (``--dist loadfile``): every test
 file is one unit of work, so a module's shared fixture (one verl run, one SFT) is set up once,
-on one worker. The files that submit jobs to the one-node SLURM share one unit
-(:data:`SERIAL`), so their jobs never wait for each other's CPUs; the longest units are handed out
-first (:data:`LONGEST_FIRST`), so the other worker drains the short files meanwhile. A
-session fixture that many files use and that costs tens of seconds is built once per suite,
-not once per worker (:func:`built_once`). Run without ``-n`` everything behaves as one session.
+on one worker. The longest files are handed out first (:data:`LONGEST_FIRST`): the SLURM files
+mostly wait on their jobs (the CI's one-node SLURM offers more CPU slots than cores), so the
+other files run meanwhile. A session fixture that many files use and that costs tens of seconds
+is built once per suite, not once per worker (:func:`built_once`). Run without ``-n``,
+everything behaves as one session.
 """
 
 import fcntl
@@ -20,19 +20,14 @@ import pytest
 
 T = TypeVar("T")
 
-SERIAL = "slurm-and-ray-clusters"
-"""The unit of the files below, which submit jobs to the one-node SLURM."""
-
-SERIAL_FILES = (
+LONGEST_FIRST = (
     "tests/launch/test_slurm.py",
     "tests/launch/test_verl_slurm_on_cpu.py",
-)
-
-LONGEST_FIRST = (
-    SERIAL,
     "tests/engines/test_learning_signal_on_cpu.py",
     "tests/engines/test_engine_runs_on_cpu.py",
     "tests/engines/verl/test_verl_trains_on_cpu.py",
+    "tests/engines/verl/test_plugin_on_cpu.py",
+    "tests/engines/test_sweep_compare_on_cpu.py",
     "tests/tracking/test_mlflow_server_on_cpu.py",
     "tests/test_compare_on_cpu.py",
 )
@@ -40,21 +35,7 @@ LONGEST_FIRST = (
 
 
 def _unit(nodeid: str) -> str:
-    path = nodeid.split("::", 1)[0]
-    return SERIAL if path in SERIAL_FILES else path
-
-
-def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
-    """Under ``--dist loadfile``, one unit per file except that the serial files share one."""
-    if config.getvalue("dist") != "loadfile":
-        return None
-    from xdist.scheduler import LoadFileScheduling
-
-    class UnitScheduling(LoadFileScheduling):
-        def _split_scope(self, nodeid: str) -> str:
-            return _unit(nodeid)
-
-    return UnitScheduling(config, log)
+    return nodeid.split("::", 1)[0]
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -1,8 +1,9 @@
 """A plugin module (``SLCA_EXP_PLUGINS``) that installs the local engine, paced, as ``paced_local``.
 
-Each RL step takes at least ``PACE_S`` seconds longer than it would: a test that must catch a
-run in the middle of its steps (SLURM's time-limit signal) then does not depend on how fast the
-machine computes them. Everything else is the local engine: checkpoints, resume, trackers.
+Each RL step takes at least ``PACE_S`` seconds (steps that take longer are not slowed): a test
+that must catch a run in the middle of its steps (SLURM's time-limit signal) then does not
+depend on how fast the machine computes them, and a loaded machine does not pay twice.
+Everything else is the local engine: checkpoints, resume, trackers.
 """
 
 import os
@@ -14,14 +15,16 @@ from slca_exp.engines.local.engine import LocalEngine
 
 
 class PacedTracker:
-    """The run's tracker, sleeping ``pace_s`` before each step it records."""
+    """The run's tracker, recording each step no sooner than ``pace_s`` after the previous one."""
 
     def __init__(self, tracker: Any, pace_s: float) -> None:
         self._tracker = tracker
         self._pace_s = pace_s
+        self._last = time.monotonic()
 
     def log_metrics(self, metrics, step):
-        time.sleep(self._pace_s)
+        time.sleep(max(0.0, self._last + self._pace_s - time.monotonic()))
+        self._last = time.monotonic()
         self._tracker.log_metrics(metrics, step)
 
     def __getattr__(self, name):
