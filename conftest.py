@@ -1,0 +1,20 @@
+"""The package's doctests (``--doctest-modules`` over ``slca_exp``) start from a collected heap.
+
+SQLAlchemy keeps the source of the classes it generates (MLflow's store migrations make some) in
+``linecache`` and drops each entry when its class is garbage-collected. Every doctest begins with
+``linecache.checkcache()``, which walks that cache: a collection that ran in the middle of the
+walk would remove an entry under it (a ``KeyError`` in the standard library). Collecting first
+leaves no such class pending.
+"""
+
+import gc
+
+import pytest
+from _pytest.doctest import DoctestItem
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_call(item: pytest.Item) -> None:
+    """Collect garbage right before each doctest runs."""
+    if isinstance(item, DoctestItem):
+        gc.collect()
