@@ -86,8 +86,12 @@ def test_a_parent_run_id_or_an_experiment_name_finds_the_same_runs(sweep, tmp_pa
     assert (tmp_path / "outputs" / "compare").is_dir()
 
 
-def test_changing_the_judge_in_one_child_makes_strict_refuse(sweep, tmp_path):
-    # A copy of the sweep's store in which job 3 was re-run with the openai judge.
+def rerun_job_3(sweep, tmp_path, override):
+    """A copy of the sweep's store in which job 3 was re-run with ``override``.
+
+    Returns the copy's URI, a client on it, the original job 3 (deleted from the copy) and the
+    parent's children there (the re-run job in place of the original).
+    """
     db = tmp_path / "mlflow.db"
     shutil.copy(sweep.root / "mlflow.db", db)
     uri = f"sqlite:///{db}"
@@ -95,13 +99,19 @@ def test_changing_the_judge_in_one_child_makes_strict_refuse(sweep, tmp_path):
     replaced = next(c for c in sweep.children if c.data.tags["slca.job"] == "3")
     job = replaced.data.tags["slca.overrides"].split()
     env = {"SLCA_EXP_PARENT_RUN_ID": sweep.parent.info.run_id, "SLCA_EXP_SWEEP_ID": sweep.sweep_id}
-    args = [*job, "judge=openai", f"tracking.mlflow_uri={uri}"]
+    args = [*job, override, f"tracking.mlflow_uri={uri}"]
     assert run_train(args, tmp_path / "root", tmp_path, env) == 0
     client.delete_run(replaced.info.run_id)
     children = client.search_runs(
         [sweep.parent.info.experiment_id],
         f"tags.`mlflow.parentRunId` = '{sweep.parent.info.run_id}'",
     )
+    return uri, client, replaced, children
+
+
+def test_changing_the_judge_in_one_child_makes_strict_refuse(sweep, tmp_path):
+    # A copy of the sweep's store in which job 3 was re-run with the openai judge.
+    uri, client, replaced, children = rerun_job_3(sweep, tmp_path, "judge=openai")
     judge = replaced.data.tags["slca.judge"]  # e.g. rubric@rubric-v1
     other = "openai:openai/gpt-oss-120b@hierr-judge-v1"
     assert sorted(c.data.tags["slca.judge"] for c in children) == [other] + [judge] * 3
@@ -223,20 +233,7 @@ def test_a_child_with_another_data_seed_has_other_digests_and_strict_names_data(
     digests = [lineage.run_datasets(sweep.client.get_run(c.info.run_id)) for c in sweep.children]
     assert len(digests[0]) == 3 and all(d == digests[0] for d in digests)
     # A copy of the store in which job 3 was re-run on a split generated from another seed.
-    db = tmp_path / "mlflow.db"
-    shutil.copy(sweep.root / "mlflow.db", db)
-    uri = f"sqlite:///{db}"
-    client = MlflowClient(uri)
-    replaced = next(c for c in sweep.children if c.data.tags["slca.job"] == "3")
-    job = replaced.data.tags["slca.overrides"].split()
-    env = {"SLCA_EXP_PARENT_RUN_ID": sweep.parent.info.run_id, "SLCA_EXP_SWEEP_ID": sweep.sweep_id}
-    args = [*job, "data.seed=7", f"tracking.mlflow_uri={uri}"]
-    assert run_train(args, tmp_path / "root", tmp_path, env) == 0
-    client.delete_run(replaced.info.run_id)
-    children = client.search_runs(
-        [sweep.parent.info.experiment_id],
-        f"tags.`mlflow.parentRunId` = '{sweep.parent.info.run_id}'",
-    )
+    uri, client, replaced, children = rerun_job_3(sweep, tmp_path, "data.seed=7")
     (child,) = [c for c in children if c.info.run_id not in {s.info.run_id for s in sweep.children}]
     reseeded = lineage.run_datasets(client.get_run(child.info.run_id))
     assert reseeded.keys() == digests[0].keys()
