@@ -6,6 +6,8 @@
                       problem
     slca-exp compare EXPERIMENT_OR_SWEEP [--metric M ...] [--strict] [--tracking-uri URI]
                      [--out DIR] [--ui-url URL]  table, plots and MLflow compare link of a sweep
+    slca-exp ui [--tracking-uri URI] [--host HOST] [--port PORT]  MLflow's UI on the runs'
+                store, each experiment in its own view (training runs: Model training)
     slca-exp data synth --out DIR [--rows N] [--seed S]  write the seeded synthetic split
 
 Each command answers --help. train and validate accept Hydra's own flags (``--config-dir``,
@@ -116,6 +118,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from slca_exp.compare import main as compare
 
         return compare(rest)
+    if command == "ui":
+        from slca_exp.ui import main as ui
+
+        return ui(rest)
     if command == "data":
         from slca_exp.data.cli import main as data
 

@@ -2,7 +2,7 @@
 
     slca-exp: ---- where to look ----
     slca-exp: run FINISHED: MLflow run 3f2a... (experiment slca-exp) in sqlite:///.../mlflow.db
-    slca-exp: open it with: mlflow ui --backend-store-uri sqlite:///.../mlflow.db --port 5000
+    slca-exp: open it with: slca-exp ui --tracking-uri sqlite:///.../mlflow.db
     slca-exp: compare: slca-exp compare slca-exp
     slca-exp: output folder: /.../outputs/2026-12-01/10-00-00
     slca-exp: checkpoint: /.../outputs/runs/<run key>/checkpoint.pt
@@ -115,7 +115,7 @@ def run_block(
         failures: failed judge and simulator requests (``services.outage.failure_lines``).
 
     >>> run_block(status="FINISHED", run_id="ab", experiment="e", store="sqlite:///m.db")[1:3]
-    ['run FINISHED: MLflow run ab (experiment e) in sqlite:///m.db', 'open it with: mlflow ui --backend-store-uri sqlite:///m.db --port 5000']
+    ['run FINISHED: MLflow run ab (experiment e) in sqlite:///m.db', 'open it with: slca-exp ui --tracking-uri sqlite:///m.db']
 
     """  # noqa: E501 - a doctest line
     state = status or "not started"
@@ -123,7 +123,7 @@ def run_block(
     if run_id:
         lines.append(f"run {state}: MLflow run {run_id} (experiment {experiment}) in {store}")
         if store and store.startswith("sqlite:"):
-            lines.append(f"open it with: mlflow ui --backend-store-uri {store} --port 5000")
+            lines.append(f"open it with: slca-exp ui --tracking-uri {store}")
     else:
         lines.append(f"run {state} (not recorded in MLflow: tracking.backends has no mlflow)")
     if parent_run_id:
@@ -167,7 +167,7 @@ def sweep_block(
         f"compare: {compare_command(sweep_id, store)}",
     ]
     if store.startswith("sqlite:"):
-        lines.append(f"open it with: mlflow ui --backend-store-uri {store} --port 5000")
+        lines.append(f"open it with: slca-exp ui --tracking-uri {store}")
     if sweep_dir:
         lines.append(f"sweep folder: {sweep_dir}")
     for num in sorted(jobs):

@@ -10,8 +10,9 @@
 
 The MLflow UI reads each of these: the runs table's Dataset and Models columns and its Datasets
 filter, the run page's Datasets, Registered prompts and Logged models. (MLflow 3.17's UI takes
-the view itself from its GenAI / Model training switch, ``?workflowType=machine_learning``;
-the kind tag is what MLflow records and searches.)
+the view from its GenAI / Model training switch, ``?workflowType=machine_learning``, not from
+the kind tag; the UI ``slca-exp ui`` serves, :mod:`slca_exp.tracking.mlflow_app`, routes each
+experiment by its tag.)
 """
 
 from __future__ import annotations

@@ -52,7 +52,7 @@ def test_a_few_steps_through_the_cli_leave_a_finished_recorded_run(tmp_path):
     res = train(tmp_path, "engine.rl.steps=2", "engine.rl.mask_rule=corrected", *PLANTED)
     assert res.returncode == 0, res.stderr[-3000:]
     assert "validation (sft" in res.stderr and "validation (rl" in res.stderr
-    assert "mlflow ui --backend-store-uri" in res.stderr
+    assert "open it with: slca-exp ui --tracking-uri sqlite:///" in res.stderr
     client, found = runs(tmp_path)
     (run,) = found
     assert run.info.status == "FINISHED"

@@ -35,7 +35,7 @@ def test_a_single_run_says_its_run_how_to_compare_its_folder_checkpoint_and_slur
     assert lines == [
         "---- where to look ----",
         "run FINISHED: MLflow run r1 (experiment slca-exp) in sqlite:////x/mlflow.db",
-        "open it with: mlflow ui --backend-store-uri sqlite:////x/mlflow.db --port 5000",
+        "open it with: slca-exp ui --tracking-uri sqlite:////x/mlflow.db",
         "compare: slca-exp compare slca-exp --tracking-uri sqlite:////x/mlflow.db",
         "output folder: /x/outputs/2026-12-01/10-00-00",
         "checkpoint: /x/runs/k/checkpoint.pt",

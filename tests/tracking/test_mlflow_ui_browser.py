@@ -1,5 +1,6 @@
-"""The MLflow UI in a real browser: a real ``mlflow server`` on the store a 2x2 sweep wrote
-(one job re-run on a split of another data seed), driven by Playwright with Debian's Chromium.
+"""The MLflow UI in a real browser: ``slca-exp ui`` (a real ``mlflow server``) on the store a 2x2
+sweep wrote (one job re-run on a split of another data seed, plus a GenAI experiment and an
+untagged one), driven by Playwright with Debian's Chromium.
 Screenshots are kept in ``test-artifacts/browser/`` (or ``$SLCA_EXP_TEST_ARTIFACTS/browser/``)."""
 
 import os
@@ -7,7 +8,6 @@ import re
 import shutil
 import socket
 import subprocess
-import sys
 import time
 import urllib.request
 from dataclasses import dataclass
@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 from mlflow import MlflowClient
 
+from slca_exp.core.tags import EXPERIMENT_KIND
 from slca_exp.tracking import lineage
 from tests.tracking.sweeps import SLCA_EXE, run_train, shared_sweep
 
 CHROMIUM = Path("/usr/bin/chromium")
-MLFLOW = Path(sys.executable).parent / "mlflow"
 ARTIFACTS = Path(
     os.environ.get("SLCA_EXP_TEST_ARTIFACTS", Path(__file__).parents[2] / "test-artifacts")
 )
@@ -33,7 +33,13 @@ SEGMENT_METRICS = (
 RECIPE_TAGS = ("slca.backbone", "slca.reward", "slca.judge", "slca.simulator", "slca.data")
 TRAINING = "workflowType=machine_learning"
 """MLflow 3.17's UI shows the model-training view for this query (its GenAI / Model training
-switch); without it the browser's last choice, GenAI at first."""
+switch); without it the browser's last choice, GenAI at first, unless ``slca-exp ui`` routes
+the experiment by its kind tag."""
+GENAI = "workflowType=genai"
+ROUTING_S = 3.0
+"""Time the page's routing script is given to act (one REST call on 127.0.0.1)."""
+VIEW_KEY = "mlflow.workflowType_v1"
+"""Where MLflow's UI keeps the browser's last view choice (localStorage)."""
 SWEEP_TAGS = ("slca.sweep", "slca.swept.algorithm", "slca.swept.reward.tool_weights.parallel")
 
 pytestmark = pytest.mark.browser
@@ -63,6 +69,10 @@ class Store:
     """The four active children (the re-run job instead of the original one)."""
     reseeded: str
     """The re-run job's run id."""
+    genai: str
+    """An experiment a user tagged as a GenAI one."""
+    untagged: str
+    """An experiment without a kind tag."""
 
 
 @pytest.fixture(scope="module")
@@ -83,16 +93,17 @@ def sweep(tmp_path_factory):
     )
     children = [client.get_run(r.info.run_id) for r in found]  # with their dataset inputs
     reseeded = next(c.info.run_id for c in children if c.info.run_name == "job3-seed7")
-    return Store(uri, shared.sweep_id, shared.parent, children, reseeded)
+    genai = client.create_experiment("chat-app", tags={EXPERIMENT_KIND: "genai_development"})
+    untagged = client.create_experiment("notebook-runs")
+    return Store(uri, shared.sweep_id, shared.parent, children, reseeded, genai, untagged)
 
 
 @pytest.fixture(scope="module")
 def server(sweep, tmp_path_factory):
-    """``mlflow server`` on the sweep's sqlite store, on 127.0.0.1; its base URL."""
+    """``slca-exp ui`` on the sweep's sqlite store, on 127.0.0.1; its base URL."""
     port = free_port()
     log = tmp_path_factory.mktemp("mlflow-server") / "server.log"
-    args = [str(MLFLOW), "server", "--backend-store-uri", sweep.uri]
-    args += ["--host", "127.0.0.1", "--port", str(port), "--workers", "1"]
+    args = [SLCA_EXE, "ui", "--tracking-uri", sweep.uri, "--port", str(port)]
     with log.open("w") as out:
         proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
@@ -106,6 +117,9 @@ def server(sweep, tmp_path_factory):
                 if proc.poll() is not None or time.monotonic() > deadline:
                     pytest.fail(f"mlflow server did not start:\n{log.read_text()[-3000:]}")
                 time.sleep(0.3)
+        experiment = sweep.parent.info.experiment_id
+        assert f"slca-exp ui: MLflow UI on {sweep.uri} at {url}" in log.read_text()
+        assert f"{url}/#/experiments/{experiment}\n" in log.read_text()  # each experiment's page
         yield url
     finally:
         proc.terminate()
@@ -117,15 +131,25 @@ def server(sweep, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def page():
+def browser():
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=str(CHROMIUM))
+        chromium = pw.chromium.launch(executable_path=str(CHROMIUM))
         try:
-            yield browser.new_page(viewport={"width": 1600, "height": 1000})
+            yield chromium
         finally:
-            browser.close()
+            chromium.close()
+
+
+@pytest.fixture(scope="module")
+def page(browser):
+    return browser.new_page(viewport={"width": 1600, "height": 1000})
+
+
+def hash_of(page) -> str:
+    """The page's location hash (``page.url`` lags behind the UI's own history changes)."""
+    return page.evaluate("location.hash")
 
 
 def shot(page, name: str) -> Path:
@@ -176,9 +200,12 @@ def test_compare_page_shows_runs_slca_tags_and_segment_metrics(sweep, server, pa
 
 def test_the_training_view_shows_each_run_s_datasets_prompts_and_model(sweep, server, page):
     experiment = sweep.parent.info.experiment_id
-    # The experiment's landing page in the model-training view is its runs table.
-    page.goto(f"{server}/#/experiments/{experiment}?{TRAINING}")
-    page.wait_for_url(re.compile(r".*/runs\?"), timeout=45_000)
+    # A plain link opens the experiment (tagged for training) in the model-training view, whose
+    # landing page is its runs table.
+    page.goto(f"{server}/#/experiments/{experiment}")
+    page.wait_for_url(
+        re.compile(rf".*/experiments/{experiment}/runs\?.*{TRAINING}"), timeout=45_000
+    )
     page.get_by_text("Model registry").first.wait_for(timeout=15_000)  # the training sidebar
     parent_row = page.locator('[role="row"]', has_text=sweep.sweep_id).first
     parent_row.wait_for(timeout=45_000)
@@ -232,3 +259,43 @@ def test_the_training_view_shows_each_run_s_datasets_prompts_and_model(sweep, se
     page.keyboard.press("Escape")
     page.get_by_text("Logged models (1)").first.scroll_into_view_if_needed()
     shot(page, "run-logged-model.png")
+
+
+def test_each_experiment_opens_in_the_view_its_kind_tag_names(sweep, server, browser):
+    context = browser.new_context(viewport={"width": 1600, "height": 1000})  # no last choice
+    page = context.new_page()
+    training = sweep.parent.info.experiment_id
+    try:
+        # From the experiments list, in a browser whose view is GenAI (MLflow's default).
+        page.goto(f"{server}/#/experiments")
+        name = MlflowClient(sweep.uri).get_experiment(training).name
+        page.get_by_text(name, exact=True).first.click()
+        page.wait_for_url(
+            re.compile(rf".*/experiments/{training}/runs\?.*{TRAINING}"), timeout=45_000
+        )
+        page.get_by_text("Model registry").first.wait_for(timeout=15_000)
+        shot(page, "view-training.png")
+
+        # An experiment without a kind keeps the browser's choice (GenAI here), unrouted.
+        page.goto(f"{server}/#/experiments/{sweep.untagged}")
+        page.reload()  # the UI reads the browser's choice when it starts
+        page.wait_for_url(re.compile(rf".*/experiments/{sweep.untagged}/.*{GENAI}"), timeout=45_000)
+        time.sleep(ROUTING_S)
+        assert TRAINING not in hash_of(page) and "Model registry" not in page.inner_text("body")
+
+        # An explicit choice (a link, the switch) is left alone.
+        page.goto(f"{server}/#/experiments/{training}?{GENAI}")
+        page.reload()
+        time.sleep(ROUTING_S)
+        assert GENAI in hash_of(page) and TRAINING not in hash_of(page), hash_of(page)
+
+        # The browser last chose Model training; a GenAI experiment still opens as GenAI.
+        page.evaluate(f"localStorage.setItem({VIEW_KEY!r}, JSON.stringify('machine_learning'))")
+        page.goto(f"{server}/#/experiments/{sweep.genai}")
+        page.reload()
+        page.wait_for_url(re.compile(rf".*/experiments/{sweep.genai}.*{GENAI}"), timeout=45_000)
+        time.sleep(ROUTING_S)
+        assert GENAI in hash_of(page) and "Model registry" not in page.inner_text("body")
+        shot(page, "view-genai.png")
+    finally:
+        context.close()
