@@ -21,14 +21,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from slca_exp.config.compose import compose_run  # noqa: E402
-from slca_exp.config.validate import validate  # noqa: E402
 from slca_exp.engines.local import data_io  # noqa: E402
 from slca_exp.engines.local.rollout import Roller, RolloutSettings  # noqa: E402
 from slca_exp.engines.local.sft import train_sft  # noqa: E402
 from slca_exp.engines.local.update import rl_update  # noqa: E402
 from slca_exp.estimators import EstimatorParams, get_estimator  # noqa: E402
 from slca_exp.judges import build_judge  # noqa: E402
+from slca_exp.preflight.compose import compose_run  # noqa: E402
+from slca_exp.preflight.validate import validate  # noqa: E402
 from slca_exp.rewards import HierRReward  # noqa: E402
 from slca_exp.simulators import build_simulator  # noqa: E402
 

@@ -43,9 +43,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.tracking import metric_names  # noqa: E402
-from slca_exp.config.compose import compose_run  # noqa: E402
 from slca_exp.config.schema import TrackingConfig  # noqa: E402
-from slca_exp.config.validate import validate  # noqa: E402
+from slca_exp.preflight.compose import compose_run  # noqa: E402
+from slca_exp.preflight.validate import validate  # noqa: E402
 from slca_exp.recipe import Recipe, build_recipe  # noqa: E402
 from slca_exp.tracking.mlflow import MlflowTracker, get_or_create_experiment  # noqa: E402
 from slca_exp.tracking.redact import Redactor  # noqa: E402

@@ -5,7 +5,7 @@ Competitors, each writing to its own sqlite store in a temporary folder:
   ours   slca_exp.tracking.mlflow.MlflowTracker.log_metrics (one MlflowClient.log_batch per step)
   verl   verl.utils.tracking.Tracking(default_backend="mlflow").log (mlflow.log_metrics)
 
-Every step logs the same ~100 metrics (the names of slca_exp.tracking.names, with their val/
+Every step logs the same ~100 metrics (the names of slca_exp.core.names, with their val/
 copies, padded with extra/<i> names). Steps are interleaved (each competitor logs step k before
 either logs step k+1), so slow drift of the machine hits both alike; the median and the minimum
 time per step are reported, with the ratio ours / verl (below 1: ours is faster). Usage:
@@ -26,10 +26,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from slca_exp.config.compose import compose_run  # noqa: E402
-from slca_exp.config.validate import validate  # noqa: E402
+from slca_exp.core import names  # noqa: E402
+from slca_exp.preflight.compose import compose_run  # noqa: E402
+from slca_exp.preflight.validate import validate  # noqa: E402
 from slca_exp.recipe import build_recipe  # noqa: E402
-from slca_exp.tracking import names  # noqa: E402
 from slca_exp.tracking.mlflow import MlflowTracker  # noqa: E402
 from slca_exp.tracking.redact import Redactor  # noqa: E402
 

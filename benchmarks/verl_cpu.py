@@ -64,7 +64,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from slca_exp.tracking import names  # noqa: E402
+from slca_exp.core import names  # noqa: E402
 
 ENV_VARS = "ray_kwargs.ray_init.runtime_env.env_vars"
 """verl's key of its workers' environment variables."""
@@ -92,10 +92,10 @@ def build_policy(root: Path, sft: Any) -> tuple[Path, Any, float]:  # noqa: ANN4
     import torch
     from transformers.utils import logging as hf_logging
 
-    from slca_exp.config.compose import compose_run
-    from slca_exp.config.validate import validate
     from slca_exp.engines.local import data_io
     from slca_exp.engines.local.sft import save_weights, train_sft
+    from slca_exp.preflight.compose import compose_run
+    from slca_exp.preflight.validate import validate
 
     hf_logging.disable_progress_bar()
     start = time.perf_counter()

@@ -31,9 +31,9 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from slca_exp.config.compose import CONFIG_NAME
-from slca_exp.config.validate import ConfigError, Problem
+from slca_exp.core.problems import ConfigError, Problem
 from slca_exp.plugins import load_plugins
+from slca_exp.preflight.compose import CONFIG_NAME
 
 USAGE = __doc__.split("\n\n")[1]
 
@@ -134,7 +134,7 @@ def _groups() -> str:
     """``  group: option, option`` for every config group a user picks from."""
     from hydra.core.global_hydra import GlobalHydra
 
-    from slca_exp.config.compose import hydra_context
+    from slca_exp.preflight.compose import hydra_context
 
     with hydra_context():
         loader = GlobalHydra.instance().config_loader()
@@ -281,8 +281,7 @@ def _train(rest: list[str]) -> int:
 
         for note in checked.notes:
             print(f"slca-exp: {note}")
-        verl_jobs = [c for c in checked.typed if c.engine.name == "verl"]
-        if verl_jobs and (status := _verl_configs(verl_jobs, write=True)):
+        if status := _describe_engines(checked.typed, write=True):
             return status
         print(describe(command.launcher, command.profile, checked.jobs))
         return 0
@@ -318,64 +317,32 @@ def _show_cfg(command: _Command, *, probe: bool) -> int:
         sys.argv = ["slca-exp", *flags, *job]
         with contextlib.redirect_stdout(shown):
             train.main()
-            if config.engine.name == "verl":
-                status = _verl_configs([config], write=False)
-                if status:
-                    return status
+            if status := _describe_engines([config], write=False):
+                return status
         print(Redactor.for_config(config).text(shown.getvalue()), end="")
     return 0
 
 
-# --- engine=verl: `train --cfg job` shows, `train --dry-run` checks and writes the verl config ---
+def _describe_engines(configs: list, *, write: bool) -> int:
+    """What each job's engine shows of it: printed after ``--cfg job``, written by ``--dry-run``.
 
-
-def _verl_configs(configs: list, *, write: bool) -> int:
-    """Print (``--cfg``) or write (``--dry-run``) each verl job's translated configs.
-
-    The RL config (``ppo_trainer.yaml`` and its side files) and, when ``engine.sft.enabled``,
-    the SFT config (``sft_trainer.yaml``). verl's own validation of them is part of the checks
-    every job passed before (the engine's check); nothing is built for them here (a built-in
-    backbone's checkpoint is named as built at launch).
+    (``engine=verl``: its translated verl configs.) Every job passed the checks before, the
+    engine's own included; a job whose engine still cannot describe it is named, and nothing is
+    written for the jobs after it.
 
     Returns:
-        0, or 2 after naming every problem; then nothing is written.
+        0, or 2 after naming the problems.
 
     """
-    from omegaconf import OmegaConf
+    from slca_exp.engines import ENGINES, as_engine
 
-    from slca_exp.engines.verl import config as verl
-    from slca_exp.engines.verl import sft
-    from slca_exp.preflight import creating_nothing
-
-    translated, problems = [], []
     for config in configs:
         try:
-            with creating_nothing():
-                cfg = verl.verl_config(config)
-                sft_cfg = sft.sft_config(config) if config.engine.sft.enabled else None
+            text = as_engine(ENGINES.get(config.engine.name)).describe(config, write=write)
         except ConfigError as err:
-            problems += err.problems
-            continue
-        translated.append((config, cfg, sft_cfg))
-    if problems:
-        print(f"slca-exp: {ConfigError(problems)}", file=sys.stderr)
-        return EXIT_BAD_CONFIG
-    for config, cfg, sft_cfg in translated:
-        folder = verl.verl_dir(config)
-        if write:
-            path = verl.write_verl_config(cfg, folder / verl.CONFIG_FILE)
-            print(f"slca-exp: verl config checked and written to {path}")
-            for side in verl.write_side_files(config, cfg):
-                print(f"slca-exp: and {side}")
-            if sft_cfg is not None:
-                path = verl.write_verl_config(sft_cfg, folder / sft.CONFIG_FILE)
-                print(f"slca-exp: verl SFT config checked and written to {path}")
-        else:
-            print(f"# engine=verl: the translated verl config ({verl.CONFIG_FILE} + ours)")
-            print(OmegaConf.to_yaml(cfg))
-            if sft_cfg is not None:
-                print(f"# engine=verl: the translated verl SFT config ({sft.CONFIG_FILE})")
-                print(OmegaConf.to_yaml(sft_cfg))
+            print(f"slca-exp: {err}", file=sys.stderr)
+            return EXIT_BAD_CONFIG
+        print(text, end="")
     return 0
 
 

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from slca_exp.core import tags
 from slca_exp.recipe import COMPONENTS
 from slca_exp.tracking.lineage import run_datasets
 from slca_exp.tracking.sweep_runs import no_progress_bar
@@ -57,7 +58,7 @@ def swept_components(swept: Sequence[str]) -> set[str]:
 
 def differences(client: Any, runs: Sequence[Any], swept: Sequence[str]) -> list[Difference]:
     """Recipe components that differ between ``runs`` and are not varied by a ``swept`` key."""
-    prints = {run.data.tags.get("slca.fingerprint") for run in runs}
+    prints = {run.data.tags.get(tags.FINGERPRINT) for run in runs}
     if len(prints) == 1 and None not in prints:
         return []  # one fingerprint: the five components are identical
     recipes = {run.info.run_id: _recipe_components(client, run) for run in runs}
@@ -74,7 +75,7 @@ def differences(client: Any, runs: Sequence[Any], swept: Sequence[str]) -> list[
         values: dict[str, list[str]] = {}
         for run in runs:
             rid = run.info.run_id
-            label = run.data.tags.get(f"slca.{component}") or json.dumps(comps[rid])
+            label = run.data.tags.get(tags.COMPONENT_TAGS[component]) or json.dumps(comps[rid])
             if shown:  # a tag is short: also show what differs (``min_reply_chars=20``)
                 parts = [f"{f.split('.', 1)[1]}={_field(comps[rid], f)}" for f in shown]
                 label += f" ({', '.join(parts)})"
@@ -96,7 +97,7 @@ def _recipe_components(client: Any, run: Any) -> dict[str, Any]:
             recipe = mlflow.artifacts.load_dict(f"{run.info.artifact_uri}/recipe.json")
         return {c: recipe[c] for c in COMPONENTS if c in recipe}
     except Exception:  # no recipe.json (older run, logged by another tool): compare tags
-        found = {c: run.data.tags.get(f"slca.{c}") for c in COMPONENTS}
+        found = {c: run.data.tags.get(tags.COMPONENT_TAGS[c]) for c in COMPONENTS}
         splits = run_datasets(run)
         if splits:
             found["data"] = splits

@@ -21,7 +21,6 @@ import difflib
 import json
 import math
 import os
-import re
 import statistics
 import sys
 from collections.abc import Sequence
@@ -31,10 +30,12 @@ from typing import Any
 from urllib.parse import quote
 
 from slca_exp.comparability import differences
+from slca_exp.core.names import METRICS, SEGMENTS, adv, known, val
+from slca_exp.core.tags import PARENT_ROLE, ROLE, SWEEP, SWEPT, SWEPT_PREFIX, swept_tag
 from slca_exp.tracking import sweep_runs
 from slca_exp.tracking.mlflow import mlflow_key
-from slca_exp.tracking.names import METRICS, SEGMENTS, adv
-from slca_exp.tracking.sweep_runs import HEADLINE_METRICS, TAG_ROLE, TAG_SWEEP
+from slca_exp.tracking.sweep_runs import HEADLINE_METRICS
+from slca_exp.tracking.text_table import format_table
 
 EXIT_OK = 0
 EXIT_REFUSED = 2
@@ -44,9 +45,6 @@ SEED_KEYS = ("seed",)
 LOWER_IS_BETTER = ("loss", "failures", "latency_ms", "step_s", "no_call", "zeroed_group_frac")
 """A metric whose name contains one of these is best at its minimum; every other at its maximum."""
 _VOLATILE_PARAMS = ("run_name",)
-TABLE_WIDTH = 120
-"""The console table's width: long names wrap onto several lines to stay within it."""
-_MIN_COLUMN = 6
 
 
 class CompareError(Exception):
@@ -81,15 +79,15 @@ def find_runs(client: Any, target: str) -> Selection:
     """
     experiments = client.search_experiments()
     ids = [e.experiment_id for e in experiments]
-    parents = sweep_runs.search_all(client, ids, f"tags.`{TAG_SWEEP}` = '{_quote(target)}'")
-    parents = [p for p in parents if p.data.tags.get(TAG_ROLE) == "parent"]
+    parents = sweep_runs.search_all(client, ids, f"tags.`{SWEEP}` = '{_quote(target)}'")
+    parents = [p for p in parents if p.data.tags.get(ROLE) == PARENT_ROLE]
     if not parents and _looks_like_run_id(target):
         parents = [run for run in [_get_run(client, target)] if run is not None]
     if parents:
         parent = parents[-1]  # the newest, if a sweep id was reused
         runs = sweep_runs.children(client, parent.info.experiment_id, parent.info.run_id)
-        swept = json.loads(parent.data.tags.get(sweep_runs.TAG_SWEPT, "[]"))
-        label = f"sweep {parent.data.tags.get(TAG_SWEEP, '?')} (parent run {parent.info.run_id})"
+        swept = json.loads(parent.data.tags.get(SWEPT, "[]"))
+        label = f"sweep {parent.data.tags.get(SWEEP, '?')} (parent run {parent.info.run_id})"
         if not runs:
             raise CompareError(f"{label} has no child runs yet; did its jobs log to MLflow?")
         return Selection(label, runs, swept, [parent.info.experiment_id])
@@ -98,25 +96,26 @@ def find_runs(client: Any, target: str) -> Selection:
         names = ", ".join(sorted(e.name for e in experiments)) or "(none)"
         raise CompareError(
             f"no sweep id, parent run id or experiment named {target!r} in {client.tracking_uri}. "
-            f"Experiments: {names}. Sweep ids are the parent runs' slca.sweep tags "
+            f"Experiments: {names}. Sweep ids are the parent runs' {SWEEP} tags "
             "(pass --tracking-uri if the runs are in another store)."
         )
     runs = [
         run
         for run in sweep_runs.search_all(client, [experiment.experiment_id])
-        if run.data.tags.get(TAG_ROLE) != "parent"
+        if run.data.tags.get(ROLE) != PARENT_ROLE
     ]
     if not runs:
         raise CompareError(f"experiment {target!r} has no runs")
-    prefix = sweep_runs.TAG_SWEPT + "."
-    swept = sorted({k[len(prefix) :] for r in runs for k in r.data.tags if k.startswith(prefix)})
+    swept = sorted(
+        {k[len(SWEPT_PREFIX) :] for r in runs for k in r.data.tags if k.startswith(SWEPT_PREFIX)}
+    )
     return Selection(f"experiment {target}", runs, swept, [experiment.experiment_id])
 
 
 def swept_value(run: Any, key: str) -> str:
     """A run's value of a swept key: its ``slca.swept.<key>`` tag, else its param."""
     tags, params = run.data.tags, run.data.params
-    return tags.get(f"{sweep_runs.TAG_SWEPT}.{key}", params.get(key, ""))
+    return tags.get(swept_tag(key), params.get(key, ""))
 
 
 # -- table ----------------------------------------------------------------------------------------
@@ -199,89 +198,6 @@ def _cell(values: list[float | None]) -> str:
     return f"{statistics.fmean(present):.4g} +/- {std:.2g}{missing}"
 
 
-def format_table(
-    header: Sequence[str], rows: Sequence[Sequence[str]], width: int = TABLE_WIDTH
-) -> str:
-    """Fixed-width text table within ``width`` columns (when it can be: 6 per column at least).
-
-    The widest columns are narrowed first; a cell longer than its column wraps onto more lines,
-    breaking at a space or after ``/``, ``.``, ``_`` before a letter where it can. Rows that
-    wrap are set apart by a blank line.
-
-    >>> print(format_table(["run", "reward/total/mean (final)"], [["ab12", "0.5"]], width=20))
-    run   reward/total/
-          mean (final)
-    ----  --------------
-    ab12  0.5
-    """
-    columns = [[h, *(r[i] for r in rows)] for i, h in enumerate(header)]
-    widths = [max(len(c) for c in cells) for cells in columns]
-    gaps = 2 * (len(widths) - 1)
-    # narrow the widest columns, first no further than their longest word, then to the minimum
-    for floors in ([max(_MIN_COLUMN, *map(_longest_word, cells)) for cells in columns], None):
-        while sum(widths) + gaps > width:
-            narrowable = [
-                i for i, w in enumerate(widths) if w > (floors[i] if floors else _MIN_COLUMN)
-            ]
-            if not narrowable:
-                break
-            widths[max(narrowable, key=lambda i: widths[i])] -= 1
-    lines = _wrapped_row(header, widths)
-    lines.append("  ".join("-" * w for w in widths).rstrip())
-    body = [_wrapped_row(row, widths) for row in rows]
-    spaced = any(len(block) > 1 for block in body)
-    for i, block in enumerate(body):
-        if spaced and i:
-            lines.append("")
-        lines += block
-    return "\n".join(lines)
-
-
-def _wrapped_row(cells: Sequence[str], widths: Sequence[int]) -> list[str]:
-    """The text lines of one table row, each cell wrapped to its column's width."""
-    parts = [_wrap(str(c), w) for c, w in zip(cells, widths, strict=True)]
-    height = max(len(p) for p in parts)
-    return [
-        "  ".join(
-            (p[i] if i < len(p) else "").ljust(w) for p, w in zip(parts, widths, strict=True)
-        ).rstrip()
-        for i in range(height)
-    ]
-
-
-def _words(text: str) -> list[str]:
-    """The pieces a cell may be broken into (each keeps its trailing space or separator)."""
-    spaced = re.sub(r"([/._])(?=[A-Za-z])", "\\1\0", text)
-    return [w for chunk in spaced.split(" ") for w in (chunk + " ").split("\0")]
-
-
-def _longest_word(text: str) -> int:
-    return max((len(w.rstrip()) for w in _words(text)), default=0)
-
-
-def _wrap(text: str, width: int) -> list[str]:
-    """``text`` in lines of at most ``width`` characters, broken at spaces or after ``/ . _``.
-
-    Only a ``/ . _`` followed by a letter is a break (``reward/tool``, ``tool_weights``), so that
-    ``+/-`` and numbers such as ``0.9`` stay whole.
-    """
-    if len(text) <= width:
-        return [text]
-    words = _words(text)
-    lines, line = [], ""
-    for word in words:
-        if line and len((line + word).rstrip()) > width:
-            lines.append(line.rstrip())
-            line = ""
-        while len(word.rstrip()) > width:  # a word longer than the column: cut it
-            lines.append(word[:width])
-            word = word[width:]
-        line += word
-    if line.strip():
-        lines.append(line.rstrip())
-    return lines
-
-
 def compare_url(ui_url: str, selection: Selection) -> str:
     """The MLflow UI's compare page for the selected runs (query values percent-encoded)."""
     runs = json.dumps([r.info.run_id for r in selection.runs], separators=(",", ":"))
@@ -304,7 +220,7 @@ def write_plots(client: Any, selection: Selection, out: Path, *, smooth: float =
         "advantages": ADVANTAGE_CURVES + tuple(adv(seg, "std") for seg in SEGMENTS),
     }
     wanted = [name for names in figures.values() for name in names]
-    wanted += [f"val/{name}" for name in wanted]
+    wanted += [val(name) for name in wanted]
     groups: dict[str, list[dict[str, list[tuple[int, float]]]]] = {}
     for label, runs in _group_labels(selection).items():
         groups[label] = [
@@ -351,7 +267,7 @@ def main(argv: Sequence[str]) -> int:
         )
     from mlflow.tracking import MlflowClient
 
-    from slca_exp.tracking.sweep import default_tracking_uri
+    from slca_exp.tracking.uris import default_tracking_uri
 
     uri = args.tracking_uri or default_tracking_uri()
     try:
@@ -377,12 +293,12 @@ def main(argv: Sequence[str]) -> int:
     for metric in metrics:
         if _any_has(selection, metric):
             continue
-        if not _known_metric(metric):
+        if not known(metric):
             close = difflib.get_close_matches(metric, list(METRICS), n=1)
             hint = f" Did you mean {close[0]!r}?" if close else ""
             print(
                 f"slca-exp compare: --metric {metric!r} is not a metric slca-exp logs.{hint} "
-                "The names are listed in slca_exp/tracking/names.py (and the README glossary).",
+                "The names are listed in docs/metrics.md (defined in slca_exp/core/names.py).",
                 file=sys.stderr,
             )
             return EXIT_REFUSED
@@ -460,17 +376,13 @@ def _group_labels(selection: Selection) -> dict[str, list[Any]]:
     return labelled
 
 
-def _known_metric(name: str) -> bool:
-    return name in METRICS or (name.startswith("val/") and name[len("val/") :] in METRICS)
-
-
 def _any_has(selection: Selection, metric: str) -> bool:
     return any(mlflow_key(metric) in r.data.metrics for r in selection.runs)
 
 
 def _check_store(uri: str, *, explicit: bool) -> None:
     """Refuse a local store that does not exist (MLflow would create an empty one)."""
-    from slca_exp.tracking.sweep import local_store_path
+    from slca_exp.tracking.uris import local_store_path
 
     db = local_store_path(uri)
     if db is not None and not db.exists():

@@ -1,10 +1,20 @@
 """User plugins: modules named in ``$SLCA_EXP_PLUGINS`` are imported before a recipe is checked.
 
-A plugin registers its own entries in the registries (``register_estimator``, ``JUDGES``,
-``SIMULATORS``, ``ENGINES``) at import time, so a recipe can name them like built-in ones:
+A plugin registers its own entries at import time, so a recipe names them like built-in ones
+and validation checks the names against the registries, the plugin's entries included:
+
+    registry                                   entry                              picked with
+    slca_exp.estimators.register_estimator     an advantage estimator             algorithm.name
+    slca_exp.judges.JUDGES                     a JudgeBase subclass (remote?)     judge.backend
+    slca_exp.simulators.SIMULATORS             a SimulatorBase subclass (remote?) simulator.backend
+    slca_exp.tracking.TRACKERS                 a TrackerBackend (keeps files?)    tracking.backends
+    slca_exp.data.sources.DATA_SOURCES         a DataSource                       data.kind
+    slca_exp.engines.ENGINES                   an Engine, with its config schema  engine.name
+
+For example:
 
     export SLCA_EXP_PLUGINS=my_lab.estimators,my_lab.judges
-    slca-exp train algorithm.name=my_estimator
+    slca-exp train algorithm.name=my_estimator judge.backend=my_judge
 
 The variable is read in every process that composes or runs a recipe (the CLI, each Hydra job,
 each submitit or SLURM task, which inherit the environment), so a plugin is never missing from a
@@ -16,7 +26,7 @@ from __future__ import annotations
 import importlib
 import os
 
-from slca_exp.config.validate import ConfigError, Problem
+from slca_exp.core.problems import ConfigError, Problem
 
 PLUGINS_ENV = "SLCA_EXP_PLUGINS"
 

@@ -7,7 +7,7 @@ one recipe share it, and two runs with different fingerprints differ in a record
 
 Everything that could make the recipe incomplete (a data file or a prompt that is not there, a
 local backbone folder that does not exist) is found here, before any run or folder is created,
-and reported as one :class:`~slca_exp.config.validate.ConfigError` naming the keys.
+and reported as one :class:`~slca_exp.preflight.validate.ConfigError` naming the keys.
 """
 
 from __future__ import annotations
@@ -23,7 +23,19 @@ from pathlib import Path
 from typing import Any
 
 from slca_exp.config.schema import RunConfig, ServiceConfig
-from slca_exp.config.validate import ConfigError, Problem
+from slca_exp.config.weights import normalized_tool_weights
+from slca_exp.core.hashing import sha256_file
+from slca_exp.core.problems import ConfigError, Problem
+from slca_exp.core.tags import (
+    BACKBONE,
+    DATA,
+    ESTIMATOR,
+    FINGERPRINT,
+    JUDGE,
+    REWARD,
+    SIMULATOR,
+    SWEEP,
+)
 
 COMPONENTS = ("backbone", "reward", "judge", "simulator", "data")
 """The five recorded components, in the order the paper lists them."""
@@ -39,7 +51,6 @@ SWEEP_ID_ENV = "SLCA_EXP_SWEEP_ID"
 
 _HUB_ID = re.compile(r"[\w.-]+(/[\w.-]+)?")
 _PROMPT_NAME = re.compile(r"[^\w.-]")
-_CHUNK = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -108,14 +119,14 @@ class Recipe:
     def tags(self) -> dict[str, str]:
         """The ``slca.*`` run tags, short and human-readable."""
         return {
-            "slca.backbone": _backbone_tag(self.backbone),
-            "slca.reward": f"{self.reward['name']}/{self.reward['variant']}",
-            "slca.judge": _service_tag(self.judge),
-            "slca.simulator": _service_tag(self.simulator),
-            "slca.data": _data_tag(self.data),
-            "slca.estimator": str(self.algorithm["name"]),
-            "slca.fingerprint": self.short_fingerprint,
-            "slca.sweep": self.sweep_id or "none",
+            BACKBONE: _backbone_tag(self.backbone),
+            REWARD: f"{self.reward['name']}/{self.reward['variant']}",
+            JUDGE: _service_tag(self.judge),
+            SIMULATOR: _service_tag(self.simulator),
+            DATA: _data_tag(self.data),
+            ESTIMATOR: str(self.algorithm["name"]),
+            FINGERPRINT: self.short_fingerprint,
+            SWEEP: self.sweep_id or "none",
         }
 
 
@@ -167,27 +178,6 @@ def fingerprint(components: dict[str, Any]) -> str:
         {k: portable[k] for k in COMPONENTS}, sort_keys=True, separators=(",", ":")
     )
     return hashlib.sha256(canonical.encode()).hexdigest()
-
-
-def sha256_file(path: str | Path) -> str:
-    """sha256 (hex) of a file, read in 1 MiB chunks; cached per (path, size, mtime).
-
-    The cache matters because ``slca-exp train`` builds the recipe twice in one process: once
-    before Hydra starts (so that a bad recipe creates nothing) and once inside the job.
-    """
-    p = Path(path).resolve()
-    st = p.stat()
-    key = (str(p), st.st_size, st.st_mtime_ns)
-    if key not in _HASHES:
-        digest = hashlib.sha256()
-        with p.open("rb") as f:
-            while chunk := f.read(_CHUNK):
-                digest.update(chunk)
-        _HASHES[key] = digest.hexdigest()
-    return _HASHES[key]
-
-
-_HASHES: dict[tuple[str, int, int], str] = {}
 
 
 def code_versions() -> dict[str, Any]:
@@ -253,9 +243,10 @@ def _backbone(config: RunConfig, problems: list[Problem]) -> dict[str, Any]:
 
         out["chat_template"] = {"path": "builtin", "sha256": TEMPLATE_SHA256}
     hub = b.source == "hf" and b.path and (Path(b.path).is_dir() or _HUB_ID.fullmatch(b.path))
-    if hub and config.engine.name == "local":
-        # The local engine loads weights from this machine only: refuse before anything starts.
-        # (A verl run loads them on the cluster's nodes, whose caches this host cannot see.)
+    if hub and type(config.engine).weights_on_this_host:
+        # An engine that loads weights on this machine (the local engine): refuse before
+        # anything starts. (A verl run loads them on the cluster's nodes, whose caches this
+        # host cannot see.)
         from slca_exp.backbones.hf import folder_template_sha256, missing, resolve_local
 
         folder = resolve_local(b.path, b.revision)
@@ -280,8 +271,7 @@ def _reward(config: RunConfig) -> dict[str, Any]:
     weights = _plain(r.tool_weights)
     if r.normalize:
         # Validation guarantees a positive sum; the rescaled weights are the ones that score.
-        total = sum(weights.values())
-        weights = {k: v / total for k, v in weights.items()}
+        weights = normalized_tool_weights(weights)
     return {
         "name": r.name,
         "variant": r.variant,
@@ -366,27 +356,23 @@ def _prompts(
 def _data(config: RunConfig, problems: list[Problem]) -> dict[str, Any]:
     """Each split's path, sha256 and row count; every row is checked (``data/rows.py``).
 
-    A synthetic split is generated first when its folder lacks it (deterministic, well under a
-    second for hundreds of rows), except when another component already failed: a refused
-    recipe creates nothing. Files of ``data.kind=files`` are checked in any case, so that every
+    The data source of ``data.kind`` adds what it records (``data/sources.py``). A source that
+    makes its split (the synthetic one: deterministic, well under a second for hundreds of rows)
+    makes it first when it is missing, except when another component already failed: a refused
+    recipe creates nothing. Files a source does not make are checked in any case, so that every
     problem is reported at once.
     """
-    # Imported here: data.splits imports this module (sha256_file).
+    from slca_exp.core.checking import may_create
+    from slca_exp.data.sources import data_source
     from slca_exp.data.splits import DataError, recorded_files
-    from slca_exp.data.synthetic import split_sizes
 
     d = config.data
+    source = data_source(d.kind)
     out: dict[str, Any] = {"name": d.name, "kind": d.kind, "seed": d.seed, "files": {}}
-    if d.kind == "synthetic":
-        from slca_exp.data.domain import DOMAIN_VERSION
-
-        # (rows, seed) and the generator version determine the split; the hashes prove it.
-        out.update(rows=d.rows, sizes=split_sizes(d.rows), generator=DOMAIN_VERSION)
-    from slca_exp.preflight import may_create
-
-    if d.kind == "synthetic" and (problems or not may_create()):
-        # Generating would create files for a recipe that is refused anyway, or during a check
-        # that only looks (validate, --dry-run: the split "will be generated").
+    out.update(source.recorded(config))
+    if source.generates and (problems or not may_create()):
+        # Making the split would create files for a recipe that is refused anyway, or during a
+        # check that only looks (validate, --dry-run: the split "will be generated").
         return out
     try:
         out["files"] = recorded_files(config)
@@ -415,10 +401,9 @@ def _service_tag(s: dict[str, Any]) -> str:
 
 
 def _data_tag(d: dict[str, Any]) -> str:
-    if d["kind"] == "synthetic":
-        return f"synthetic:{d['name']}/rows={d['rows']},seed={d['seed']}"
-    joined = "".join(f"{role}={f['sha256']}" for role, f in sorted(d["files"].items()))
-    return f"{d['name']}@{hashlib.sha256(joined.encode()).hexdigest()[:12]}"
+    from slca_exp.data.sources import data_source
+
+    return data_source(d["kind"]).tag(d)
 
 
 def _plain(obj: Any) -> Any:  # noqa: ANN401

@@ -18,16 +18,17 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from slca_exp.config.compose import CONFIG_DIR, CONFIG_NAME
 from slca_exp.config.schema import RunConfig
-from slca_exp.config.validate import ConfigError
-from slca_exp.engines import ENGINES
-from slca_exp.launch.requeue import preemption_requeues
+from slca_exp.core.preemption import preemption_requeues
+from slca_exp.core.problems import ConfigError
+from slca_exp.core.process import EXIT_KILLED, RunKilled
+from slca_exp.engines import ENGINES, Engine
 from slca_exp.preflight import check_run
+from slca_exp.preflight.compose import CONFIG_DIR, CONFIG_NAME
 from slca_exp.recipe import Recipe
 from slca_exp.registry import RegistryError
 from slca_exp.services.outage import ServiceOutage, outage_message
-from slca_exp.tracking.base import EXIT_KILLED, RunKilled, tracked_run
+from slca_exp.tracking.base import tracked_run
 from slca_exp.tracking.build import build_tracker
 from slca_exp.tracking.console import mirrored_to_job_log
 from slca_exp.tracking.mlflow import TrackingError
@@ -63,7 +64,7 @@ def run(cfg: DictConfig) -> object:
     serve until it is done. A failure on any rank fails the job, naming that rank's log. An
     engine that runs on Ray (``ray_node``) gets the job's own Ray node in a one-task job too.
     """
-    from slca_exp.launch.task import TaskInfo
+    from slca_exp.core.task import TaskInfo
 
     task = TaskInfo.from_env()
     try:
@@ -72,13 +73,12 @@ def run(cfg: DictConfig) -> object:
         # In a multi-task job, tell the others: rank 0 then fails at once naming this task's
         # log, or, when rank 0 is the one failing, the workers stop waiting for it.
         if task is not None:
-            from slca_exp.launch.cluster import report_failure
+            from slca_exp.launch.rendezvous import report_failure
 
             report_failure(task, exc)
         raise
     config, engine, _ = prepared
-    ray_node = getattr(engine, "ray_node", None)  # what each Ray node of the job declares
-    resources = ray_node(config) if callable(ray_node) else None
+    resources = engine.ray_node(config)  # what each Ray node of the job declares
     if task is None and resources is not None:
         task = TaskInfo.from_env(one_task=True)  # a one-task submitit job: one Ray node
     if task is None:
@@ -91,7 +91,7 @@ def run(cfg: DictConfig) -> object:
 def _run_prepared(
     cfg: DictConfig,
     config: RunConfig,
-    engine: Any,  # noqa: ANN401 - any registered engine
+    engine: Engine,
     recipe: Recipe,
 ) -> object:
     """Open the trackers, run the engine, close the trackers (the run's status is final)."""
@@ -100,14 +100,13 @@ def _run_prepared(
     redact_hydra_output(redactor, *_hydra_output_dirs())
     # An engine that checkpoints knows whether this exact job was interrupted before; its
     # tracker runs then continue (same MLflow run, next step).
-    resume_ids = getattr(engine, "resume_ids", None)
-    resume = resume_ids(config) if callable(resume_ids) else None
+    resume = engine.resume_ids(config)
     tracker = build_tracker(config, recipe, redactor, resume=resume)
     params = OmegaConf.to_container(cfg, resolve=True)
     # On SLURM, a time limit or a preemption checkpoints the engine, then requeues the job.
     try:
         with (
-            preemption_requeues(checkpointable=callable(resume_ids)),
+            preemption_requeues(checkpointable=engine.checkpointable),
             tracked_run(tracker, recipe, params, started=_remembering(engine, config)),
         ):
             result = engine.run(config, recipe, tracker)
@@ -117,7 +116,7 @@ def _run_prepared(
 
 
 def _remembering(
-    engine: Any,  # noqa: ANN401 - any registered engine
+    engine: Engine,
     config: RunConfig,
 ) -> Callable[[object], None] | None:
     """Hand the engine the new runs' ids as soon as they are open (``remember_run_ids``).
@@ -125,13 +124,12 @@ def _remembering(
     ``tracked_run`` calls it before any signal can stop the job, so a job requeued even before
     its engine started continues the same runs instead of opening new ones.
     """
-    remember = getattr(engine, "remember_run_ids", None)
-    if not callable(remember):
+    if not engine.checkpointable:
         return None
 
     def started(tracker: object) -> None:
         ids_of = getattr(tracker, "run_ids", None)
-        remember(config, dict(ids_of()) if callable(ids_of) else {})
+        engine.remember_run_ids(config, dict(ids_of()) if callable(ids_of) else {})
 
     return started
 
@@ -139,19 +137,19 @@ def _remembering(
 def _where_to_look(
     config: RunConfig,
     tracker: object,
-    engine: Any,  # noqa: ANN401 - any registered engine
+    engine: Engine,
 ) -> None:
     """Say where the run was recorded, how to open and compare it, and what failed on the way.
 
     Only rank 0 of a multi-task job says it (the other ranks record nothing).
     """
-    from slca_exp.tracking.base import global_rank
+    from slca_exp.core.process import global_rank
     from slca_exp.tracking.closing import run_lines, say
 
     if global_rank() != 0:
         return
     try:
-        say(run_lines(config, tracker, engine))
+        say(run_lines(config, tracker, engine.checkpoint(config)))
     except Exception as err:  # the run's status is final already; say what could not be said
         print(f"slca-exp: could not list where the run's results are: {err}", file=sys.stderr)
 

@@ -44,7 +44,7 @@ def main(argv: Sequence[str]) -> int:
         args = _parser().parse_args(list(argv))
     except SystemExit as exit_:  # argparse has printed the usage and the reason
         return int(exit_.code or 0)
-    from slca_exp.tracking.sweep import default_tracking_uri
+    from slca_exp.tracking.uris import default_tracking_uri
 
     uri = args.tracking_uri or default_tracking_uri()
     try:
@@ -74,7 +74,7 @@ def server_command(uri: str, host: str, port: int, *, explicit: bool = True) -> 
     ...
     slca_exp.ui.UiError: http://10.0.0.5:5000 is an MLflow tracking server: open its own UI at http://10.0.0.5:5000, or pass --tracking-uri with the database it serves
     """  # noqa: E501 - doctest lines
-    from slca_exp.tracking.sweep import local_store_path
+    from slca_exp.tracking.uris import local_store_path
 
     if uri.startswith(("http://", "https://")):
         raise UiError(

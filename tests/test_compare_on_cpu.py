@@ -15,9 +15,10 @@ from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 
 from slca_exp.comparability import swept_components
-from slca_exp.compare import _group_labels, _wrap, find_runs, format_table, plural
+from slca_exp.compare import _group_labels, find_runs, plural
 from slca_exp.compare import main as compare_main
 from slca_exp.tracking import lineage
+from slca_exp.tracking.text_table import _wrap, format_table
 from tests.tracking.sweeps import SLCA_EXE, run_train, shared_sweep
 
 

@@ -20,16 +20,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from slca_exp.config.compose import CONFIG_DIR
 from slca_exp.config.schema import RunConfig
-from slca_exp.config.validate import (
-    field_names,
-    schema_at,
-    unknown_path_problem,
-    url_credentials,
-)
 from slca_exp.launch.dry_run import hydra_launcher
 from slca_exp.preflight import probe_services, unreachable
+from slca_exp.preflight.compose import CONFIG_DIR
+from slca_exp.preflight.keys import field_names, schema_at, unknown_path_problem
+from slca_exp.preflight.sections import url_credentials
 from slca_exp.services.loopback import Behaviour, serve_in_thread
 from tests.planted import PLANTED, SECRET, SECRET_ENV
 
@@ -276,10 +272,11 @@ def test_hydra_launcher_is_read_back_as_a_profile(monkeypatch, tmp_path):
 
 @pytest.mark.skipif(importlib.util.find_spec("verl") is None, reason="needs the verl extra")
 def test_checks_that_only_look_build_no_checkpoint_and_generate_no_split(tmp_path):
-    from slca_exp.config.compose import compose_run
-    from slca_exp.config.validate import validate
-    from slca_exp.engines.verl.config import model_path
-    from slca_exp.preflight import creating_nothing, pending_notes
+    from slca_exp.core.checking import creating_nothing
+    from slca_exp.engines.verl.translation import model_path
+    from slca_exp.preflight import pending_notes
+    from slca_exp.preflight.compose import compose_run
+    from slca_exp.preflight.validate import validate
     from slca_exp.recipe import build_recipe
 
     config = validate(compose_run(["engine=verl", f"tracking.root={tmp_path}"]))

@@ -11,10 +11,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from slca_exp.config.compose import compose_run
-from slca_exp.config.validate import ConfigError, validate
+from slca_exp.core.hashing import sha256_file
 from slca_exp.data.synthetic import RL_SCHEMA, build_rows
-from slca_exp.recipe import COMPONENTS, build_recipe, sha256_file
+from slca_exp.preflight.compose import compose_run
+from slca_exp.preflight.validate import ConfigError, validate
+from slca_exp.recipe import COMPONENTS, build_recipe
 
 EXE = shutil.which("slca-exp") or str(Path(sys.executable).parent / "slca-exp")
 TAGS = {

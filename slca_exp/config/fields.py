@@ -1,7 +1,7 @@
 """``param``: a dataclass field that carries its documentation and its value checks.
 
 Every config field is declared once, with a one-line help text right beside it and, where a
-value can be wrong, the check that catches it. Validation (``slca_exp.config.validate``) reads the
+value can be wrong, the check that catches it. Validation (``preflight.validate``) reads the
 checks from the field metadata, so the rule and its documentation never drift apart.
 """
 

@@ -3,8 +3,8 @@
 ``conf/config.yaml`` puts :class:`RunConfig` (stored as ``run_config``) first in its defaults
 list, so every YAML option of every group is merged onto its dataclass: a wrong type or an unknown
 key in a YAML file fails composition with its full key. Value checks (ranges, choices) live next
-to each field (``param(..., gt=0)``) and cross-field checks in ``validate.py``; both run before
-anything starts.
+to each field (``param(..., gt=0)``) and cross-field checks in ``slca_exp/preflight/validate.py``;
+both run before anything starts.
 
 Each group schema is also stored as ``schema/<group>`` so a user's own option file can extend it:
 ``defaults: [/schema/judge@_here_, _self_]``.
@@ -13,10 +13,16 @@ Each group schema is also stored as ``schema/<group>`` so a user's own option fi
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar
 
 from hydra.core.config_store import ConfigStore
 
 from slca_exp.config.fields import param
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
+
+    from slca_exp.core.problems import Problem
 
 DTYPES = ("float32", "bfloat16", "float16")
 
@@ -125,7 +131,8 @@ class JudgeConfig(ServiceConfig):
 
     name: str = param("rubric", "identifier recorded with the run")
     backend: str = param(
-        "rubric", "rubric (deterministic CPU) | openai (HTTP)", choices=("rubric", "openai")
+        "rubric",
+        "registered judge: rubric (deterministic CPU) | openai (HTTP) | a plugin's",
     )
     max_tokens: int = param(8192, "completion budget", gt=0)
     short_circuit_no_tool_response: bool = param(
@@ -143,8 +150,8 @@ class SimulatorConfig(ServiceConfig):
     name: str = param("replay", "identifier recorded with the run")
     backend: str = param(
         "replay",
-        "replay (deterministic) | sgls (schema-guided LLM over HTTP)",
-        choices=("replay", "sgls"),
+        "registered simulator: replay (deterministic) | sgls (schema-guided LLM over HTTP) | a "
+        "plugin's",
     )
     temperature: float = param(0.6, "sampling temperature", ge=0)
     check_required_args: bool = param(True, "refuse calls missing required schema arguments")
@@ -169,8 +176,8 @@ class DataConfig:
     name: str = param("synthetic", "identifier recorded with the run")
     kind: str = param(
         "synthetic",
-        "synthetic (generated here) | files (user parquet files)",
-        choices=("synthetic", "files"),
+        "registered data source: synthetic (generated here) | files (user parquet files) | a "
+        "plugin's",
     )
     dir: str | None = param(
         None,
@@ -258,111 +265,24 @@ class RLConfig:
     )
 
 
-KL_TYPES = ("low_var_kl", "kl", "abs", "mse", "k1", "k2", "k3")
-"""KL estimators verl 0.9 accepts (``core_algos.kl_penalty``)."""
-
-
-@dataclass
-class VerlConfig:
-    """``engine=verl``: the verl 0.9.x settings we model (``slca_exp/engines/verl/config.py``).
-
-    Each field names the verl key it becomes; anything else goes through ``overrides``. The
-    group size is ``algorithm.group_size`` (verl's ``rollout.n``), the estimator
-    ``algorithm.name``.
-    """
-
-    backend: str = param(
-        "cuda",
-        "where verl trains: cuda (GPUs, vLLM rollout) | cpu (no accelerator: transformers "
-        "rollout, gloo, FSDP2; slca_exp/engines/verl/cpu) | auto (cuda when this host has a GPU)",
-        choices=("cuda", "cpu", "auto"),
-    )
-    nnodes: int = param(1, "nodes of the Ray cluster (trainer.nnodes)", gt=0)
-    n_gpus_per_node: int = param(
-        8, "GPUs per node (trainer.n_gpus_per_node); on the cpu backend, trainer processes", gt=0
-    )
-    strategy: str = param(
-        "fsdp", "actor and reference training strategy (actor.strategy)", choices=("fsdp", "fsdp2")
-    )
-    train_batch_size: int = param(
-        128, "prompts per step (data.train_batch_size); each is rolled out group_size times", gt=0
-    )
-    ppo_mini_batch_size: int = param(
-        32, "prompts per actor update (actor.ppo_mini_batch_size; verl multiplies by n)", gt=0
-    )
-    ppo_micro_batch_size_per_gpu: int = param(
-        4,
-        "rollouts per forward/backward pass on one GPU (actor.ppo_micro_batch_size_per_gpu)",
-        gt=0,
-    )
-    log_prob_micro_batch_size_per_gpu: int = param(
-        8,
-        "rollouts per log-prob pass on one GPU (rollout and ref log_prob_micro_batch_size_per_gpu)",
-        gt=0,
-    )
-    max_prompt_length: int = param(4096, "prompt tokens (data.max_prompt_length)", gt=0)
-    max_response_length: int = param(
-        4096, "response tokens, tool responses included (data.max_response_length)", gt=0
-    )
-    tensor_model_parallel_size: int = param(
-        2, "vLLM tensor parallel size (rollout.tensor_model_parallel_size)", gt=0
-    )
-    gpu_memory_utilization: float = param(
-        0.6, "share of GPU memory vLLM may take (rollout.gpu_memory_utilization)", gt=0, le=1
-    )
-    temperature: float = param(1.0, "rollout sampling temperature (rollout.temperature)", gt=0)
-    max_assistant_turns: int = param(
-        10, "assistant turns per rollout (rollout.multi_turn.max_assistant_turns)", gt=0
-    )
-    max_parallel_calls: int = param(
-        20, "tool calls executed per assistant turn (rollout.multi_turn.max_parallel_calls)", gt=0
-    )
-    lr: float = param(1e-6, "actor learning rate (actor.optim.lr)", gt=0, finite=True)
-    use_kl_loss: bool = param(True, "KL to the reference as a loss term (actor.use_kl_loss)")
-    kl_loss_coef: float = param(
-        0.001, "KL weight (actor.kl_loss_coef; algorithm.kl_ctrl.kl_coef)", ge=0, finite=True
-    )
-    kl_loss_type: str = param(
-        "low_var_kl", "KL estimator (actor.kl_loss_type; algorithm.kl_penalty)", choices=KL_TYPES
-    )
-    use_kl_in_reward: bool = param(
-        False, "KL in the reward instead, folded per segment (algorithm.use_kl_in_reward)"
-    )
-    total_epochs: int = param(1, "passes over the train split (trainer.total_epochs)", gt=0)
-    total_training_steps: int | None = param(
-        None, "stop after this many steps (trainer.total_training_steps); null: epochs decide", gt=0
-    )
-    save_freq: int = param(20, "checkpoint every N steps, -1: never (trainer.save_freq)", ge=-1)
-    test_freq: int = param(10, "validate every N steps, -1: never (trainer.test_freq)", ge=-1)
-    mask_rule: str = param(
-        "parity",
-        "segment boundary: parity (the paper: the last learnable run is the summary) | corrected "
-        "(a last run cut off inside a tool call is tool); algorithm.slca.mask_rule",
-        choices=("parity", "corrected"),
-    )
-    dump_batches: bool = param(
-        False,
-        "write each RL step's batch as the actor receives it (advantages, response mask, "
-        "scores, the reward side's per-rollout facts) to <run folder>/verl/batches/step_<n>.pt",
-    )
-    overrides: list[str] = param(
-        default_factory=list,
-        help="raw verl overrides applied last (key=value, +key=value, ++key=value, ~key), e.g. "
-        "actor_rollout_ref.actor.entropy_coeff=0.001",
-    )
-    sft_overrides: list[str] = param(
-        default_factory=list,
-        help="raw verl overrides of the SFT stage's config (verl's sft_trainer_engine; "
-        "slca_exp/engines/verl/sft.py), applied last, same syntax as overrides, e.g. "
-        "optim.weight_decay=0.0",
-    )
-
-
 @dataclass
 class EngineConfig:
-    """Where and how the run executes."""
+    """Where and how the run executes: what every engine reads.
 
-    name: str = param("local", "registered engine: local (CPU / one GPU) | verl (cluster)")
+    An engine with settings of its own extends this class with them (``engine.<its name>.*``:
+    the verl engine's ``engine.verl``) and registers it as its schema
+    (``slca_exp.engines.register_engine``); its option file in ``conf/engine/`` merges onto it
+    (``defaults: [/schema/engine_<name>@_here_, _self_]``), so a key it does not declare is
+    refused with its full name like any other.
+    """
+
+    weights_on_this_host: ClassVar[bool] = False
+    """The engine loads the backbone's weights on the host that checks the recipe (a missing
+    hub download is then refused before anything starts)."""
+
+    name: str = param(
+        "local", "registered engine: local (CPU / one GPU) | verl (cluster) | a plugin's"
+    )
     device: str = param("auto", "auto | cpu | cuda", choices=("auto", "cpu", "cuda"))
     sft: SFTConfig = param(default_factory=SFTConfig, help="SFT stage")
     rl: RLConfig = param(default_factory=RLConfig, help="RL stage")
@@ -371,14 +291,25 @@ class EngineConfig:
     val_rows: int = param(32, "validation prompts (greedy, one sample each)", gt=0)
     checkpoint_every: int = param(10, "checkpoint every N RL steps (and on SIGTERM)", gt=0)
     progress: bool = param(True, "progress bar with live reward and advantage stats")
-    verl: VerlConfig = param(default_factory=VerlConfig, help="verl settings (engine=verl only)")
+
+    @classmethod
+    def problems(cls, cfg: DictConfig) -> list[Problem]:
+        """The engine's checks across config groups, on the composed config (``[]``: none).
+
+        Run with every other check of the config (``validate``, ``--dry-run``, composing a
+        sweep), before the typed config exists; an engine's schema overrides it.
+        """
+        return []
 
 
 @dataclass
 class TrackingConfig:
     """Experiment trackers that receive the recipe and metrics (only global rank 0 logs)."""
 
-    backends: list[str] = param(default_factory=list, help="any of: mlflow, wandb, console")
+    backends: list[str] = param(
+        default_factory=list,
+        help="registered trackers, any of: mlflow, wandb, console, a plugin's",
+    )
     root: str = param(
         "${oc.env:SLCA_EXP_ROOT,outputs}",
         "output root (relative: to the launch folder); holds mlflow.db, mlartifacts/, wandb/",

@@ -6,6 +6,9 @@
   reply templates;
 - ``synthetic.py``: ``generate(out_dir, rows, seed)`` writes ``sft.parquet``, ``train.parquet``
   and ``val.parquet``;
+- ``sources.py``: the data sources, one registry keyed by ``data.kind`` (``DATA_SOURCES``:
+  ``synthetic``, ``files``, and whatever plugins register): where a split's files are, whether
+  they are made here, what the recipe records of them;
 - ``splits.py``: ``split_files(config)``, ``load_split(path, name)``, ``load_splits(config)``
   (missing files and bad rows raise ``DataError`` naming ``data.files.<split>``);
 - ``cli.py``: ``slca-exp data synth --out DIR --rows N --seed S``.

@@ -1,4 +1,4 @@
-"""The row layout of every split, and :func:`check_rows`, which finds rows that break it.
+"""The row layout of every split, its writers, and :func:`check_rows`, which finds bad rows.
 
 A row is verl's RL row with the Toucan/SLCA ground truth the HierR reward reads
 (``slca_exp.rewards.gold``). Every nested value whose shape varies from row to row (calls, schemas,
@@ -39,6 +39,12 @@ tool (otherwise even the exact gold call is an invalid call); ``extra_info.tool_
 present, must be a list of such responses; SFT rows need ``messages``. Rows whose
 ``data_source`` is ``slca_synthetic`` are held to the whole layout above. The public Toucan rows
 (gold calls as bare tool names, no ``extra_info.tool_responses``) pass as they are.
+
+Code that reads a row reads it through one view, :class:`slca_exp.core.rows.Row`:
+``prompt()``, ``truth()``, ``question()``, ``tools()``, ``allowed()``, ``recorded()`` and
+``messages()`` each take a JSON-encoded field as its string or already decoded, so the engines,
+the rewards and the simulators agree on every row that passes :func:`check_rows`. This module
+writes rows (:func:`rl_row`, :func:`sft_row`) and checks them; the view only reads.
 """
 
 from __future__ import annotations
@@ -47,6 +53,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from slca_exp.core.rows import Row, RowError, decoded, is_list
 from slca_exp.rewards.gold import Gold, GroundTruthError, read_gold
 
 DATA_SOURCE = "slca_synthetic"
@@ -97,9 +104,10 @@ def rl_row(
 
 def gold_messages(row: Mapping[str, Any]) -> list[dict[str, Any]]:
     """The gold trajectory of a row in OpenAI chat format (see ``messages`` above)."""
-    steps = json.loads(row["reward_model"]["ground_truth"]["gold_tool_calls"])
-    responses = iter(json.loads(row["extra_info"]["tool_responses"]))
-    messages = [dict(m) for m in row["prompt"]]
+    view = Row(row)
+    steps = json.loads(view.truth()["gold_tool_calls"])
+    responses = iter(view.recorded())
+    messages = [dict(m) for m in view.prompt()]
     for step in steps:
         calls = [{"type": "function", "function": dict(call)} for call in step]
         messages.append({"role": "assistant", "content": "", "tool_calls": calls})
@@ -200,7 +208,7 @@ def _row_problems(row: Any, index: int, split: str) -> list[str]:  # noqa: ANN40
 
 
 def _prompt_problems(prompt: Any) -> list[str]:  # noqa: ANN401
-    if not _is_seq(prompt):
+    if not is_list(prompt):
         return ["prompt must be a list of {role, content} messages"]
     out = []
     for j, m in enumerate(prompt):
@@ -217,7 +225,7 @@ def _responses(extra: Mapping[str, Any] | None, out: list[str]) -> list[Any] | N
     if extra is None or extra.get("tool_responses") is None:
         return None
     value = _loads(extra["tool_responses"])
-    if not _is_seq(value) or not all(
+    if not is_list(value) or not all(
         isinstance(r, Mapping) and isinstance(r.get("name"), str) and "content" in r for r in value
     ):
         out.append("extra_info.tool_responses must be a JSON list of {name, arguments, content}")
@@ -227,7 +235,7 @@ def _responses(extra: Mapping[str, Any] | None, out: list[str]) -> list[Any] | N
 
 def _messages(value: Any, out: list[str]) -> list[Any] | None:  # noqa: ANN401
     messages = _loads(value)
-    if not _is_seq(messages) or not messages:
+    if not is_list(messages) or not messages:
         out.append("messages (the SFT trajectory) must be a non-empty JSON list of chat messages")
         return None
     for j, m in enumerate(messages):
@@ -264,7 +272,7 @@ def _synthetic_problems(
     expected = "tool_call" if gold.needs_call else "irrelevant"
     if gold.subset != expected:
         out.append(f"reward_model.ground_truth.subset_name must be {expected!r}")
-    if gold.question != row["prompt"][-1]["content"]:
+    if gold.question != Row(row).prompt()[-1]["content"]:
         out.append("question_content must equal the user message")
     if extra.get("index") != index:
         out.append(f"extra_info.index must be {index} (the row's position)")
@@ -300,16 +308,11 @@ def _unscorable(gold: Gold) -> list[str]:
 
 
 def _loads(value: Any) -> Any:  # noqa: ANN401
-    if not isinstance(value, str):
-        return value
+    """``value`` with JSON text decoded; ``None`` for text that is not JSON (reported as such)."""
     try:
-        return json.loads(value)
-    except ValueError:
+        return decoded(value)
+    except RowError:
         return None
-
-
-def _is_seq(value: Any) -> bool:  # noqa: ANN401
-    return isinstance(value, list | tuple) or type(value).__name__ == "ndarray"
 
 
 def _call_json(function: Mapping[str, Any]) -> str:

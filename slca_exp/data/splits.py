@@ -1,16 +1,12 @@
-"""Resolve, generate, load, check and hash the splits a config names.
+"""Resolve, load, check and hash the splits a config names.
 
-``data.kind=synthetic``: the folder ``data.dir`` or, by default,
-``<output root>/data/synthetic/rows=<N>-seed=<S>/`` (output root: ``tracking.root``) holds
-``sft.parquet``, ``train.parquet`` and ``val.parquet``, generated there when missing, by one
-process at a time (under ``<folder>.lock``), so that jobs started together never see each other's
-half-written folder.
+    config --data source of data.kind (sources.py)--> split files --load, check, hash--> Split
 
-``data.kind=files``: ``data.files.{sft,train,val}``, relative to ``data.dir`` (or to the launch
-folder when ``data.dir`` is null); ``sft`` is optional.
-
-Every split that is loaded is checked row by row against ``rows.py``; a missing file or a bad row
-is a :class:`DataError` naming the key ``data.files.<split>`` and how to fix it.
+Where the files are, and whether they are made first, is the data source's business
+(``sources.py``: ``synthetic`` generates its split, one process at a time, so that jobs started
+together never see each other's half-written folder; ``files`` reads the user's). Every split that
+is loaded is checked row by row against ``rows.py``; a missing file or a bad row is a
+:class:`DataError` naming the key ``data.files.<split>`` and how to fix it.
 """
 
 from __future__ import annotations
@@ -19,16 +15,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from slca_exp.config.schema import DataConfig, RunConfig
-from slca_exp.config.validate import Problem
+from slca_exp.config.schema import RunConfig
+from slca_exp.core.hashing import sha256_file
+from slca_exp.core.problems import Problem
 from slca_exp.data.rows import MAX_REPORTED, bad_rows
-from slca_exp.data.synthetic import SPLIT_FILES, SyntheticFolderError, generate
-from slca_exp.locks import file_lock, lock_path
-from slca_exp.recipe import sha256_file
-from slca_exp.tracking.mlflow import output_root
-
-SPLITS = ("sft", "train", "val")
-"""Split names, in the order a run uses them."""
+from slca_exp.data.sources import SPLITS, data_source, synthetic_dir
+from slca_exp.data.synthetic import SPLIT_FILES
 
 
 class DataError(ValueError):
@@ -62,62 +54,17 @@ class Split:
     num_rows: int
 
 
-def synthetic_dir(config: RunConfig) -> Path:
-    """Where a synthetic split lives: ``data.dir`` or the default folder under the output root."""
-    d = config.data
-    if d.dir:
-        return Path(d.dir).expanduser().resolve()
-    return output_root(config.tracking) / "data" / "synthetic" / f"rows={d.rows}-seed={d.seed}"
-
-
 def split_files(config: RunConfig) -> dict[str, Path]:
-    """The split files of a config, by split name, generating a synthetic split when missing.
+    """The split files of a config, by split name, made first by a source that makes them.
 
     Raises:
         DataError: a configured file does not exist, or a synthetic folder is not ours.
 
     """
-    found, problems = _resolve(config)
+    found, problems = data_source(config.data.kind).resolve(config)
     if problems:
         raise DataError(problems)
     return found
-
-
-def _resolve(config: RunConfig) -> tuple[dict[str, Path], list[Problem]]:
-    """The split files that exist and a problem for each one that does not."""
-    d = config.data
-    if d.kind == "synthetic":
-        out = synthetic_dir(config)
-        try:
-            # Jobs started together generate the same folder: one does, the others then find it.
-            with file_lock(lock_path(out)):
-                paths = generate(out, d.rows, d.seed)
-        except (SyntheticFolderError, OSError) as err:
-            return {}, [Problem("data.dir", str(err), "set data.dir to an empty or new folder")]
-        return {name: path.resolve() for name, path in paths.items()}, []
-    named = [str(getattr(d.files, n)) for n in SPLITS if getattr(d.files, n)]
-    if d.instructions and not d.dir and not all(Path(f).expanduser().is_absolute() for f in named):
-        # A named dataset (data=toucan) lives at a user-given place: the launch folder would be
-        # a guess, and three "does not exist" lines would hide the one thing to set.
-        return {}, [
-            Problem(
-                "data.dir",
-                f"data={d.name} needs the folder holding {', '.join(named)} (data.dir is not set)",
-                f"set data.dir=/path/to/folder; {d.instructions}",
-            )
-        ]
-    base = Path(d.dir).expanduser() if d.dir else Path.cwd()
-    found, problems = {}, []
-    for name in SPLITS:
-        file = getattr(d.files, name)
-        if not file:
-            continue
-        path = (base / Path(file).expanduser()).resolve()
-        if path.is_file():
-            found[name] = path
-        else:
-            problems.append(_missing(d, name, path))
-    return found, problems
 
 
 def load_split(path: str | Path, name: str) -> Split:
@@ -196,15 +143,6 @@ def _read_rows(path: Path, name: str) -> list[dict[str, Any]]:
         ) from None
 
 
-def _missing(d: DataConfig, name: str, path: Path) -> Problem:
-    key = f"data.files.{name}"
-    where = f" (relative to data.dir={d.dir})" if d.dir else " (relative to the launch folder)"
-    fix = f"fix {key} or data.dir"
-    if d.instructions:
-        fix += f"; {d.instructions}"
-    return Problem(key, f"file {str(path)!r} does not exist{where}", fix)
-
-
 def _bad_rows_problem(name: str, path: Path, total: int, bad: list[tuple[int, str]]) -> Problem:
     key = f"data.files.{name}"
     first = ", ".join(str(i) for i, _ in bad[:MAX_REPORTED])
@@ -222,13 +160,13 @@ def _bad_rows_problem(name: str, path: Path, total: int, bad: list[tuple[int, st
 
 
 def recorded_files(config: RunConfig) -> dict[str, dict[str, Any]]:
-    """Every split of a config as the recipe records it (generating a synthetic one if missing).
+    """Every split of a config as the recipe records it (made first by a source that makes it).
 
     Raises:
         DataError: every missing file and every split with bad rows.
 
     """
-    found, problems = _resolve(config)
+    found, problems = data_source(config.data.kind).resolve(config)
     out = {}
     for name, path in found.items():
         try:

@@ -31,6 +31,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from slca_exp.core.rows import Row
 from slca_exp.data import domain
 from slca_exp.data import rows as rows_module
 from slca_exp.data.rows import rl_row, sft_row
@@ -132,7 +133,7 @@ def build_tables(rows: int, seed: int) -> dict[str, pa.Table]:
     """The three splits as pyarrow tables (no I/O)."""
     sizes = split_sizes(rows)
     train = build_rows(sizes["train"], "train", seed)
-    seen = {r["prompt"][-1]["content"] for r in train}
+    seen = {Row(r).prompt()[-1]["content"] for r in train}
     sft = [sft_row(r) for r in build_rows(sizes["sft"], "sft", seed)]
     val = build_rows(sizes["val"], "val", seed, exclude=seen)
     return {

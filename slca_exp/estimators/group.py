@@ -21,8 +21,8 @@ from typing import Literal
 import numpy as np
 import torch
 
+from slca_exp.core import names
 from slca_exp.estimators.host import host
-from slca_exp.tracking import names
 
 GroupIds = torch.Tensor | np.ndarray | Sequence[object]
 

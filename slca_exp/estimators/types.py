@@ -20,7 +20,7 @@ class SegmentAdvantages:
         advantages: (B, T) float32 token advantages; 0 outside the response mask.
         tool_adv: (B,) float32 advantage each rollout's tool tokens receive (0 when it has none).
         summary_adv: (B,) float32 advantage each rollout's summary tokens receive (0 when none).
-        stats: metric name -> value, named as in ``slca_exp.tracking.names``; always finite.
+        stats: metric name -> value, named as in ``slca_exp.core.names``; always finite.
             Computed on first access: a caller that does not read them (verl's advantage step;
             slca-exp's trainer reads them after it) does not pay for them.
         tool_mask: (B, T) bool, the tool segment (every learnable run but the last); built on

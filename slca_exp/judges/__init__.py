@@ -29,7 +29,9 @@ from slca_exp.judges.rubric import RUBRIC_VERSION, RubricJudge
 from slca_exp.registry import Registry
 
 JUDGES: Registry[type[JudgeBase]] = Registry("judge")
-"""Judge backends: ``cls(cfg)`` builds one from a ``judge`` config; keyed by ``judge.backend``."""
+"""Judge backends, keyed by ``judge.backend``: ``JudgeBase`` subclasses, ``cls(cfg)`` builds one
+from a ``judge`` config and ``cls.remote`` says whether it asks a server. Plugins
+(``SLCA_EXP_PLUGINS``) register their own."""
 JUDGES.register("rubric", RubricJudge)
 JUDGES.register("openai", OpenAIJudge)
 

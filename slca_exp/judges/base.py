@@ -1,4 +1,7 @@
-"""The judge protocol: requests, results, the paper's short-circuits and the batch metrics.
+"""What every judge shares: the paper's short-circuits, the batch metrics, the base class.
+
+The protocol a judge implements, its requests and its results are the summary reward's
+(:mod:`slca_exp.rewards.judging`, re-exported here for the judges).
 
 A judge rates the final reply of a rollout 1-5 from the question, the numbered
 ``<tool_response>`` contents and the text after the last ``</tool_response>``; the summary score is
@@ -8,78 +11,27 @@ A judge rates the final reply of a rollout 1-5 from the question, the numbered
 
 from __future__ import annotations
 
-import math
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
+from slca_exp.core import names
+from slca_exp.rewards.judging import LABELS, STATUSES, Judge, JudgeRequest, JudgeResult
 from slca_exp.rewards.toolcalls import final_reply, tool_responses
 
-LABELS: tuple[str, ...] = ("very poor", "poor", "acceptable", "good", "excellent")
-"""The five rating labels; label ``LABELS[r - 1]`` is rating ``r``."""
-
-STATUSES = ("ok", "short_circuit", "failed")
-
-# Defined in tracking/names.py (METRICS); a test pins that these stay there.
-FAILURES, CACHE_HIT_FRAC, LATENCY_MS = "judge/failures", "judge/cache_hit_frac", "judge/latency_ms"
-REQUESTS = "judge/requests"
-
-
-@dataclass(frozen=True)
-class JudgeRequest:
-    """One rollout to rate.
-
-    Attributes:
-        question: the user's question.
-        response_text: the full decoded rollout (``<tool_call>`` and ``<tool_response>`` blocks,
-            final reply).
-        require_tool_response: ``False`` turns off the "no tool response -> 0" short-circuit for
-            this request (the strict reward passes it on irrelevant rows, where not calling a
-            tool was right).
-
-    """
-
-    question: str
-    response_text: str
-    require_tool_response: bool = True
-
-
-@dataclass(frozen=True)
-class JudgeResult:
-    """The judge's verdict on one rollout.
-
-    Attributes:
-        rating: 1-5, or ``None`` when short-circuited or failed.
-        score: ``(rating - 1) / 4``; 0.0 when short-circuited; NaN when failed.
-        status: ``ok`` | ``short_circuit`` | ``failed``.
-        reason: which short-circuit rule, or why it failed (never contains a secret).
-        cached: answered from the persistent cache.
-        latency_ms: time spent on this request (0 for cache hits and short-circuits).
-
-    """
-
-    rating: int | None
-    score: float
-    status: str
-    reason: str = ""
-    cached: bool = False
-    latency_ms: float = 0.0
-
-    @classmethod
-    def rated(cls, rating: int, *, cached: bool = False, latency_ms: float = 0.0) -> JudgeResult:
-        """An ``ok`` result for ``rating`` (1-5)."""
-        return cls(rating, (rating - 1) / 4.0, "ok", LABELS[rating - 1], cached, latency_ms)
-
-    @classmethod
-    def short_circuit(cls, reason: str) -> JudgeResult:
-        """A 0.0 score given by a rule, without asking the judge."""
-        return cls(None, 0.0, "short_circuit", reason)
-
-    @classmethod
-    def failed(cls, reason: str, *, latency_ms: float = 0.0) -> JudgeResult:
-        """A request the judge could not rate (score NaN)."""
-        return cls(None, math.nan, "failed", reason, False, latency_ms)
+__all__ = [
+    "LABELS",
+    "STATUSES",
+    "Judge",
+    "JudgeBase",
+    "JudgeRequest",
+    "JudgeResult",
+    "JudgeView",
+    "batch_stats",
+    "short_circuit",
+    "short_circuit_fields",
+]
 
 
 @dataclass(frozen=True)
@@ -121,7 +73,7 @@ def short_circuit(
 
 
 def batch_stats(results: Sequence[JudgeResult]) -> dict[str, float]:
-    """The judge metrics of one batch, named as in ``tracking/names.py``.
+    """The judge metrics of one batch, named as in ``core/names.py``.
 
     ``judge/requests`` counts the requests that needed the judge (not short-circuited),
     ``judge/failures`` the failed ones; ``judge/cache_hit_frac`` and ``judge/latency_ms`` are
@@ -131,48 +83,24 @@ def batch_stats(results: Sequence[JudgeResult]) -> dict[str, float]:
     asked = [r for r in results if r.status != "short_circuit"]
     served = [r.latency_ms for r in asked if not r.cached]
     return {
-        REQUESTS: float(len(asked)),
-        FAILURES: float(sum(r.status == "failed" for r in results)),
-        CACHE_HIT_FRAC: sum(r.cached for r in asked) / len(asked) if asked else 0.0,
-        LATENCY_MS: sum(served) / len(served) if served else 0.0,
+        names.JUDGE_REQUESTS: float(len(asked)),
+        names.JUDGE_FAILURES: float(sum(r.status == "failed" for r in results)),
+        names.JUDGE_CACHE_HIT_FRAC: sum(r.cached for r in asked) / len(asked) if asked else 0.0,
+        names.JUDGE_LATENCY_MS: sum(served) / len(served) if served else 0.0,
     }
 
 
-@runtime_checkable
-class Judge(Protocol):
-    """What every judge provides; build one with ``slca_exp.judges.build_judge``."""
-
-    name: str
-
-    async def ascore(self, batch: Sequence[JudgeRequest]) -> list[JudgeResult]:
-        """Rate a batch (awaitable from any event loop); results in request order."""
-        ...
-
-    def score(self, batch: Sequence[JudgeRequest]) -> list[JudgeResult]:
-        """Rate a batch, blocking; works whether or not the calling thread runs a loop."""
-        ...
-
-    def describe(self) -> dict[str, Any]:
-        """The recipe fields of this judge (backend, model, prompt version and hash, ...)."""
-        ...
-
-    def stats(self) -> dict[str, float]:
-        """Counters since construction: requests, short_circuits, cache_hits, failures."""
-        ...
-
-    def close(self) -> None:
-        """Release connections and files (idempotent)."""
-        ...
-
-    def __enter__(self) -> Judge: ...
-
-    def __exit__(self, *exc: object) -> None: ...
-
-
 class JudgeBase(ABC):
-    """Shared plumbing: the config's short-circuits, counters and the context manager."""
+    """Shared plumbing: the config's short-circuits, counters and the context manager.
+
+    A judge backend is a subclass registered in ``slca_exp.judges.JUDGES`` under the name
+    ``judge.backend`` picks; ``cls(cfg)`` builds it from the ``judge`` config.
+    """
 
     name = ""
+    remote: bool = False
+    """Whether the judge asks a server: then validation requires ``judge.model`` and
+    ``judge.base_url``, and ``validate`` / ``--dry-run`` probe that URL (unless ``--offline``)."""
 
     def __init__(self, cfg: Any) -> None:  # noqa: ANN401
         self.cfg = cfg

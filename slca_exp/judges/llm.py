@@ -81,6 +81,7 @@ class OpenAIJudge(JudgeBase):
     """
 
     name = "openai"
+    remote = True
 
     def __init__(self, cfg: Any) -> None:  # noqa: ANN401
         super().__init__(cfg)

@@ -253,6 +253,7 @@ class RubricJudge(JudgeBase):
     """The deterministic CPU judge (registry name ``rubric``); see the module docstring."""
 
     name = "rubric"
+    remote = False
 
     async def ascore(self, batch: Sequence[JudgeRequest]) -> list[JudgeResult]:
         """Rate a batch (pure CPU: the same as :meth:`score`)."""

@@ -18,9 +18,9 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from slca_exp.config.compose import CONFIG_DIR
-from slca_exp.config.validate import Problem
+from slca_exp.core.problems import Problem
 from slca_exp.launch.profiles import DEFAULT, GROUP, LauncherProfile, hydra_overrides, load_profile
+from slca_exp.preflight.compose import CONFIG_DIR
 
 STUDY_GROUP = "sweep"
 

@@ -15,7 +15,7 @@ import sys
 import time
 from collections.abc import Sequence
 
-from slca_exp.config.validate import Problem
+from slca_exp.core.problems import Problem
 from slca_exp.launch.profiles import LauncherProfile, cross_problems
 
 KINDS = {
@@ -46,7 +46,7 @@ def hydra_launcher(
 ) -> tuple[str, LauncherProfile | None, list[Problem]] | None:
     """The launcher chosen with ``hydra/launcher=`` or ``hydra.launcher.<key>=``, as a profile.
 
-    The README's sweeps may pick hydra-submitit-launcher's configs directly
+    A sweep may pick hydra-submitit-launcher's configs directly (docs/slurm.md)
     (``hydra/launcher=submitit_slurm hydra.launcher.partition=cpu``): Hydra composes them, and
     the result is read back as a :class:`LauncherProfile`, so that the dry run describes, and
     the profile checks (partition, node sizes) judge, what would really be submitted.
@@ -64,7 +64,7 @@ def hydra_launcher(
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
-    from slca_exp.config.compose import hydra_context
+    from slca_exp.preflight.compose import hydra_context
 
     dirs = ",".join(f"file://{os.path.abspath(d)}" for d in extra_config_dirs)
     searchpath = [f"hydra.searchpath=[{dirs}]"] if dirs else []

@@ -23,10 +23,11 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from slca_exp.config.compose import CONFIG_DIR
 from slca_exp.config.fields import check_of, param
-from slca_exp.config.validate import Problem, unknown_key_problem
+from slca_exp.core.problems import Problem
 from slca_exp.launch.filesystems import filesystem_type, is_network
+from slca_exp.preflight.compose import CONFIG_DIR
+from slca_exp.preflight.keys import unknown_key_problem
 
 KINDS = ("basic", "submitit_local", "submitit_slurm")
 GROUP = "launcher"
@@ -188,9 +189,9 @@ def network_store_problems(
             f"the MLflow store {db} is a sqlite file on a {kind} filesystem, which {where} "
             "share over the network; SQLite's file locks are not reliable there and concurrent "
             "runs can corrupt the store",
-            "log to an MLflow server: tracking.mlflow_uri=http://<host>:5000 (the README's "
-            "'Many runs, one store' says how to start one); if you know this filesystem's locks "
-            "work, tracking.allow_sqlite_on_network_fs=true",
+            "log to an MLflow server: tracking.mlflow_uri=http://<host>:5000 (how to start one: "
+            "'On a cluster, log to a server' in docs/tracking.md, in the README's map of docs/); "
+            "if you know this filesystem's locks work, tracking.allow_sqlite_on_network_fs=true",
         )
     ]
 

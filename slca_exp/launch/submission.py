@@ -1,7 +1,7 @@
 """A sweep submitted through submitit: where each job is, said at once; scheduler noise, once.
 
 hydra-submitit-launcher submits the sweep's jobs (one SLURM array job), then waits for their
-results without saying which jobs it submitted. The sweep callback (``tracking/sweep.py``)
+results without saying which jobs it submitted. The sweep callback (``launch/sweep.py``)
 starts two helpers in the launching process before the jobs are submitted, whatever way the
 launcher was chosen (``launcher=`` profile or ``hydra/launcher=``):
 

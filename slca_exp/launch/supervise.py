@@ -145,7 +145,7 @@ def ignore_time_limit_signal(keep: tuple[signal.Signals, ...] = ()) -> signal.Si
         The signal now ignored, or ``None``.
 
     """
-    from slca_exp.tracking.base import preempt_signal
+    from slca_exp.core.process import preempt_signal
 
     signum = preempt_signal()
     if signum in keep:

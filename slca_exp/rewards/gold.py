@@ -15,17 +15,19 @@ and only a call given with an ``arguments`` (or ``parameters``) object states it
 strict reward does not judge.
 
 A malformed ground truth is a data bug, not a policy mistake: it raises :class:`GroundTruthError`
-naming the field (split loading checks every row up front, so a run never meets one).
+naming the field (split loading checks every row up front, so a run never meets one). The ground
+truth comes from a row's view (``slca_exp.core.rows.Row.truth``), and its question and JSON text
+are read as the view reads them.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from functools import cached_property, lru_cache
 from typing import Any
 
+from slca_exp.core.rows import RowError, decoded, is_list, question_of
 from slca_exp.rewards.types import ToolCall
 
 
@@ -135,7 +137,7 @@ def read_gold(ground_truth: Mapping[str, Any] | str | Gold) -> Gold:
     return Gold(
         steps=steps,
         allowed=frozenset(allowed),
-        question=str(gt.get("question_content") or ""),
+        question=question_of(gt),
         subset=str(gt.get("subset_name") or ""),
         raw_schemas=gt.get("tool_schemas"),
         stepped=stepped,
@@ -154,7 +156,7 @@ def _read_steps(items: list[Any]) -> tuple[Steps, bool]:
     """The non-empty steps, and whether the row gave steps (nested lists) at all."""
     if not items:
         return (), False
-    if all(_is_list(item) for item in items):
+    if all(is_list(item) for item in items):
         steps = [
             tuple(_read_call(c, f"gold_tool_calls[{i}][{j}]", 0) for j, c in enumerate(step))
             for i, step in enumerate(map(list, items))
@@ -162,7 +164,7 @@ def _read_steps(items: list[Any]) -> tuple[Steps, bool]:
         # Empty steps are dropped (the public reward does too); turns count the others.
         kept = (step for step in steps if step)
         return tuple(tuple(replace(c, turn=t) for c in step) for t, step in enumerate(kept)), True
-    if any(_is_list(item) for item in items):
+    if any(is_list(item) for item in items):
         raise GroundTruthError(
             "ground_truth.gold_tool_calls mixes steps (lists) and calls; use one shape"
         )
@@ -201,22 +203,16 @@ def _read_schemas(raw: Any) -> dict[str, dict[str, Any]] | None:  # noqa: ANN401
 
 
 def _loads(value: Any, where: str) -> Any:  # noqa: ANN401
-    if not isinstance(value, str):
-        return value
     try:
-        return json.loads(value)
-    except (ValueError, RecursionError) as err:
-        raise GroundTruthError(f"ground_truth.{where} is not valid JSON: {err}") from None
-
-
-def _is_list(value: Any) -> bool:  # noqa: ANN401
-    return isinstance(value, list | tuple) or type(value).__name__ == "ndarray"
+        return decoded(value, f"ground_truth.{where}")
+    except RowError as err:
+        raise GroundTruthError(str(err)) from None
 
 
 def _as_list(value: Any, where: str) -> list[Any]:  # noqa: ANN401
     value = _loads(value, where)
     if value is None:
         return []
-    if not _is_list(value):
+    if not is_list(value):
         raise GroundTruthError(f"ground_truth.{where} must be a list, got {type(value).__name__}")
     return list(value)

@@ -56,6 +56,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from slca_exp.config.weights import normalized_tool_weights
 from slca_exp.rewards.gold import Gold, read_gold
 from slca_exp.rewards.match import greedy_match, optimal_match, strict_equal
 from slca_exp.rewards.toolcalls import Block, ParsedCalls, parse_tool_calls
@@ -94,11 +95,8 @@ class HierRWeights:
         return cls(**{k: float(get(k)) for k in COMPONENTS})
 
     def normalized(self) -> HierRWeights:
-        """The same weights rescaled to sum to 1."""
-        total = sum(getattr(self, k) for k in COMPONENTS)
-        if not total > 0:
-            raise ValueError("cannot normalise tool weights that sum to 0")
-        return HierRWeights(**{k: getattr(self, k) / total for k in COMPONENTS})
+        """The same weights rescaled to sum to 1 (:func:`normalized_tool_weights`)."""
+        return HierRWeights(**normalized_tool_weights({k: getattr(self, k) for k in COMPONENTS}))
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
+from slca_exp.core import names
 from slca_exp.estimators.base import RolloutScores
 from slca_exp.rewards.hierr import COMPONENTS, ToolReward
 from slca_exp.rewards.summary import SummaryReward
@@ -96,7 +97,7 @@ def route_batch(
 def reward_stats(
     tools: Sequence[ToolReward], summaries: Sequence[SummaryReward], scores: RolloutScores
 ) -> dict[str, float]:
-    """The ``reward/*`` metrics of a batch (names from :mod:`slca_exp.tracking.names`).
+    """The ``reward/*`` metrics of a batch (names from :mod:`slca_exp.core.names`).
 
     Tool statistics are over the raw process scores (penalties included), each component's mean
     over the rollouts where it was judged (NaN left out); summary statistics over the rollouts the
@@ -104,15 +105,15 @@ def reward_stats(
     """
     stats: dict[str, float] = {}
     tool_scores = [t.score for t in tools]
-    stats["reward/tool/mean"], stats["reward/tool/std"] = _mean_std(tool_scores)
+    stats[names.REWARD_TOOL_MEAN], stats[names.REWARD_TOOL_STD] = _mean_std(tool_scores)
     for part in COMPONENTS:
         judged = [t.components[part] for t in tools if not math.isnan(t.components[part])]
-        stats[f"reward/tool/{part}/mean"] = _mean_std(judged)[0]
+        stats[names.tool_component(part)] = _mean_std(judged)[0]
     summary_scores = [s.score for s in summaries if math.isfinite(s.score)]
-    stats["reward/summary/mean"], stats["reward/summary/std"] = _mean_std(summary_scores)
+    stats[names.REWARD_SUMMARY_MEAN], stats[names.REWARD_SUMMARY_STD] = _mean_std(summary_scores)
     totals = [float(x) for x in torch.as_tensor(scores.total).tolist() if math.isfinite(x)]
-    stats["reward/total/mean"] = _mean_std(totals)[0]
-    stats["reward/no_call/frac"] = _mean_std([float(t.should_no_call) for t in tools])[0]
+    stats[names.REWARD_TOTAL_MEAN] = _mean_std(totals)[0]
+    stats[names.REWARD_NO_CALL_FRAC] = _mean_std([float(t.should_no_call) for t in tools])[0]
     return stats
 
 

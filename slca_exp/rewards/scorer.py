@@ -17,7 +17,7 @@ from slca_exp.rewards.routing import reward_stats, route_batch
 from slca_exp.rewards.summary import FailurePolicy, SummaryReward, judge_stats, summary_rewards
 
 if TYPE_CHECKING:
-    from slca_exp.judges.base import Judge
+    from slca_exp.rewards.judging import Judge
 
 NO_TOOLS = SummaryReward(0.0, None, "short_circuit", "the row allows no tools")
 """The paper variant's summary on a row whose ``allowed_tools`` is empty (no judge asked)."""

@@ -20,8 +20,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
+from slca_exp.core import names
+
 if TYPE_CHECKING:
-    from slca_exp.judges.base import Judge, JudgeResult
+    from slca_exp.rewards.judging import Judge, JudgeResult
 
 FailurePolicy = Literal["absent", "zero", "stop"]
 FAILURE_POLICIES: tuple[FailurePolicy, ...] = ("absent", "zero", "stop")
@@ -75,10 +77,10 @@ def judge_stats(summaries: Sequence[SummaryReward]) -> dict[str, float]:
     asked = [s for s in summaries if s.status != "short_circuit"]
     served = [s.latency_ms for s in asked if not s.cached]
     return {
-        "judge/requests": float(len(asked)),
-        "judge/failures": float(sum(s.status == "failed" for s in summaries)),
-        "judge/cache_hit_frac": sum(s.cached for s in asked) / len(asked) if asked else 0.0,
-        "judge/latency_ms": sum(served) / len(served) if served else 0.0,
+        names.JUDGE_REQUESTS: float(len(asked)),
+        names.JUDGE_FAILURES: float(sum(s.status == "failed" for s in summaries)),
+        names.JUDGE_CACHE_HIT_FRAC: sum(s.cached for s in asked) / len(asked) if asked else 0.0,
+        names.JUDGE_LATENCY_MS: sum(served) / len(served) if served else 0.0,
     }
 
 
@@ -95,7 +97,7 @@ def summary_rewards(
     Args:
         questions: (B,) the user questions.
         responses: (B,) decoded responses (tool calls, tool responses, final reply).
-        judge: any :class:`~slca_exp.judges.base.Judge`.
+        judge: any :class:`~slca_exp.rewards.judging.Judge`.
         failure: the ``reward.judge_failure`` policy.
         require_tool_response: per rollout (or for all), whether a reply with no tool response
             short-circuits to 0 (the paper); the strict reward passes False for rows that need no
@@ -105,7 +107,7 @@ def summary_rewards(
         (B,) :class:`SummaryReward`.
 
     """
-    from slca_exp.judges.base import JudgeRequest
+    from slca_exp.rewards.judging import JudgeRequest
 
     if len(questions) != len(responses):
         raise ValueError(f"{len(questions)} questions for {len(responses)} responses")

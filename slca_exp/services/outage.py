@@ -19,9 +19,18 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
+from slca_exp.core.names import (
+    JUDGE_FAILURES,
+    JUDGE_REQUESTS,
+    SIMULATOR_FAILURES,
+    SIMULATOR_REQUESTS,
+    val,
+)
+from slca_exp.core.tags import outage_tag
+
 SERVICES: Final[tuple[str, ...]] = ("judge", "simulator")
-TAG_PREFIX: Final = "slca.outage."
-"""Run tag ``slca.outage.<service>``: the RL steps in which every request to it failed."""
+_REQUESTS: Final[dict[str, str]] = {"judge": JUDGE_REQUESTS, "simulator": SIMULATOR_REQUESTS}
+_FAILURES: Final[dict[str, str]] = {"judge": JUDGE_FAILURES, "simulator": SIMULATOR_FAILURES}
 STOP: Final = "stop"
 """The ``reward.judge_failure`` value that stops a run at such a step."""
 _AFTERMATH: Final[dict[str, str]] = {
@@ -33,12 +42,12 @@ _POLICY_HELP: Final = "Check that its server answers at the configured base_url 
 
 def requests_key(service: str) -> str:
     """``<service>/requests``: the step's requests that reached the service."""
-    return f"{service}/requests"
+    return _REQUESTS[service]
 
 
 def failures_key(service: str) -> str:
     """``<service>/failures``: those it did not answer after its retries."""
-    return f"{service}/failures"
+    return _FAILURES[service]
 
 
 def outages(metrics: Mapping[str, float]) -> list[str]:
@@ -117,7 +126,7 @@ class ServiceWatch:
         if self.tag is None:
             return
         try:
-            self.tag(f"{TAG_PREFIX}{service}", ",".join(map(str, self.steps[service]))[:5000])
+            self.tag(outage_tag(service), ",".join(map(str, self.steps[service]))[:5000])
         except Exception as err:  # the warning is out already; a store hiccup must not stop a run
             print(f"slca-exp: could not tag the run with the outage: {err}", file=sys.stderr)
 
@@ -133,10 +142,9 @@ def failure_lines(history: Mapping[str, Sequence[tuple[int, float]]]) -> list[st
     """
     lines = []
     for service in SERVICES:
-        asked = failed = 0.0
-        for prefix in ("", "val/"):
-            asked += sum(v for _, v in history.get(prefix + requests_key(service), ()))
-            failed += sum(v for _, v in history.get(prefix + failures_key(service), ()))
+        requests, failures = requests_key(service), failures_key(service)
+        asked = _total(history, requests) + _total(history, val(requests))
+        failed = _total(history, failures) + _total(history, val(failures))
         if failed <= 0:
             continue
         line = f"{service}: {int(failed)} of {int(asked)} requests failed"
@@ -146,6 +154,11 @@ def failure_lines(history: Mapping[str, Sequence[tuple[int, float]]]) -> list[st
             line += f"; every request failed in RL step{'s' if len(steps) > 1 else ''} {shown}"
         lines.append(line)
     return lines
+
+
+def _total(history: Mapping[str, Sequence[tuple[int, float]]], name: str) -> float:
+    """The sum of a metric's logged values (0.0 when it was never logged)."""
+    return sum((v for _, v in history.get(name, ())), 0.0)
 
 
 def _steps(

@@ -31,7 +31,9 @@ from slca_exp.simulators.schema import check_call, find_schema
 from slca_exp.simulators.sgls import SGLSSimulator
 
 SIMULATORS: Registry[type[SimulatorBase]] = Registry("simulator")
-"""Simulator backends: ``cls(cfg)`` builds one from a ``simulator`` config (``cfg.backend``)."""
+"""Simulator backends, keyed by ``simulator.backend``: ``SimulatorBase`` subclasses, ``cls(cfg)``
+builds one from a ``simulator`` config and ``cls.remote`` says whether it asks a server. Plugins
+(``SLCA_EXP_PLUGINS``) register their own."""
 SIMULATORS.register("replay", ReplaySimulator)
 SIMULATORS.register("sgls", SGLSSimulator)
 

@@ -14,13 +14,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
+from slca_exp.core import names
 from slca_exp.rewards.types import ToolCall
 
 STATUSES = ("ok", "schema_error", "failed")
-
-# Defined in tracking/names.py (METRICS); a test pins that these stay there.
-FAILURES, CACHE_HIT_FRAC = "simulator/failures", "simulator/cache_hit_frac"
-REQUESTS = "simulator/requests"
 
 UNAVAILABLE = json.dumps({"error": "tool unavailable"})
 """What the policy reads when the simulator service failed."""
@@ -72,7 +69,7 @@ class ToolResponse:
 
 
 def batch_stats(responses: Sequence[ToolResponse]) -> dict[str, float]:
-    """The simulator metrics of one batch, named as in ``tracking/names.py``.
+    """The simulator metrics of one batch, named as in ``core/names.py``.
 
     ``simulator/requests`` counts the calls that passed the schema check (the simulator was
     asked), ``simulator/failures`` the failed responses; ``simulator/cache_hit_frac`` is the
@@ -80,9 +77,11 @@ def batch_stats(responses: Sequence[ToolResponse]) -> dict[str, float]:
     """
     checked = [r for r in responses if r.status != "schema_error"]
     return {
-        REQUESTS: float(len(checked)),
-        FAILURES: float(sum(r.status == "failed" for r in responses)),
-        CACHE_HIT_FRAC: sum(r.cached for r in checked) / len(checked) if checked else 0.0,
+        names.SIMULATOR_REQUESTS: float(len(checked)),
+        names.SIMULATOR_FAILURES: float(sum(r.status == "failed" for r in responses)),
+        names.SIMULATOR_CACHE_HIT_FRAC: (
+            sum(r.cached for r in checked) / len(checked) if checked else 0.0
+        ),
     }
 
 
@@ -120,9 +119,17 @@ class Simulator(Protocol):
 
 
 class SimulatorBase(ABC):
-    """Shared plumbing: ``respond`` over ``respond_batch``, counters, context manager."""
+    """Shared plumbing: ``respond`` over ``respond_batch``, counters, context manager.
+
+    A simulator backend is a subclass registered in ``slca_exp.simulators.SIMULATORS`` under the
+    name ``simulator.backend`` picks; ``cls(cfg)`` builds it from the ``simulator`` config.
+    """
 
     name = ""
+    remote: bool = False
+    """Whether the simulator asks a server: then validation requires ``simulator.model`` and
+    ``simulator.base_url``, and ``validate`` / ``--dry-run`` probe that URL (unless
+    ``--offline``)."""
 
     def __init__(self, cfg: Any) -> None:  # noqa: ANN401
         self.cfg = cfg

@@ -76,6 +76,7 @@ class ReplaySimulator(SimulatorBase):
     """Recorded responses, else schema check, else a derived response (see module docstring)."""
 
     name = "replay"
+    remote = False
 
     def respond_batch(self, requests: Sequence[SimRequest]) -> list[ToolResponse]:
         """Answer each request; never raises on any call."""

@@ -68,6 +68,7 @@ class SGLSSimulator(SimulatorBase):
     """
 
     name = "sgls"
+    remote = True
 
     def __init__(self, cfg: Any) -> None:  # noqa: ANN401
         super().__init__(cfg)

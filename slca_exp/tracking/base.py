@@ -1,7 +1,7 @@
 """The Tracker protocol, a combinator, rank-0 gating and the run lifecycle (FINISHED/FAILED/KILLED).
 
 A tracker receives the recipe and the resolved config once (``start``), metrics once per step
-(``log_metrics``, names from ``slca_exp.tracking.names``), files (``log_artifact``) and the final
+(``log_metrics``, names from ``slca_exp.core.names``), files (``log_artifact``) and the final
 status (``finish``). ``tracked_run`` wraps an engine call so that a run is never left RUNNING:
 an exception finishes it FAILED, SIGTERM or Ctrl-C finishes it KILLED.
 """
@@ -9,7 +9,6 @@ an exception finishes it FAILED, SIGTERM or Ctrl-C finishes it KILLED.
 from __future__ import annotations
 
 import json
-import os
 import signal
 import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -17,18 +16,13 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
+from slca_exp.core.process import RunKilled, in_main_thread, raise_killed, signals_deferred
+
 if TYPE_CHECKING:
     from slca_exp.recipe import Recipe
 
 Status = Literal["FINISHED", "FAILED", "KILLED"]
 STATUSES: tuple[Status, ...] = ("FINISHED", "FAILED", "KILLED")
-
-RANK_ENV_VARS = ("RANK", "SLURM_PROCID", "SUBMITIT_LOCAL_GLOBAL_RANK")
-"""Where the global rank is read from, first set wins: torchrun/Ray, SLURM (also submitit's
-SLURM executor), submitit's local executor."""
-
-EXIT_KILLED = 128 + signal.SIGTERM
-"""The exit status of a run stopped by SIGTERM (the shell convention)."""
 
 
 @runtime_checkable
@@ -40,7 +34,7 @@ class Tracker(Protocol):
         ...
 
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
-        """Record one step's metrics (names from ``slca_exp.tracking.names``)."""
+        """Record one step's metrics (names from ``slca_exp.core.names``)."""
         ...
 
     def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
@@ -182,38 +176,6 @@ class MultiTracker:
             tracker.finish(status)
 
 
-def global_rank(environ: Mapping[str, str] | None = None) -> int:
-    """The process's global rank (0 when no launcher set one)."""
-    environ = os.environ if environ is None else environ
-    for name in RANK_ENV_VARS:
-        value = environ.get(name, "").strip()
-        if value.isdigit():
-            return int(value)
-    return 0
-
-
-class RunKilled(BaseException):
-    """Raised in the main thread by the SIGTERM handler of :func:`tracked_run`.
-
-    A ``BaseException`` (like ``KeyboardInterrupt``) so that an engine's ``except Exception``
-    does not swallow it.
-    """
-
-
-class RunPreempted(RunKilled):
-    """Raised in the main thread when SLURM announces a time limit or a preemption.
-
-    An engine that checkpoints treats it like :class:`RunKilled` (checkpoint, re-raise); the job
-    then requeues itself and the requeued job continues the same run (``slca_exp.launch.requeue``).
-    """
-
-
-def preempt_signal() -> signal.Signals:
-    """The signal SLURM sends before a time limit: submitit's (``$SUBMITIT_PREEMPT_SIGNAL``)."""
-    name = os.environ.get("SUBMITIT_PREEMPT_SIGNAL", "USR2").upper().removeprefix("SIG")
-    return signal.Signals[f"SIG{name}"]
-
-
 @contextmanager
 def tracked_run(
     tracker: Tracker,
@@ -236,8 +198,8 @@ def tracked_run(
 
     """
     previous = None
-    if _in_main_thread():
-        previous = signal.signal(signal.SIGTERM, _raise_killed)
+    if in_main_thread():
+        previous = signal.signal(signal.SIGTERM, raise_killed)
     try:
         try:
             # A signal held back here is raised as the block ends: the run then closes KILLED.
@@ -256,74 +218,3 @@ def tracked_run(
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
-
-
-class _Deferral:
-    """Nesting depth of :func:`signals_deferred` and the signal that arrived meanwhile."""
-
-    depth = 0
-    pending: tuple[Callable[[int, object], None], int] | None = None
-
-
-@contextmanager
-def signals_deferred() -> Iterator[None]:
-    """Hold SIGTERM and the preemption signal back for the block (work that must not be cut).
-
-    A signal that arrives meanwhile is delivered when the block ends, so :func:`tracked_run`
-    still closes the run KILLED, but never in the middle of a store transaction (a SQLAlchemy
-    session interrupted mid-commit refuses every later call, including the one that closes the
-    run) nor between a step's update, its metrics and its checkpoint (a resumed run would log a
-    step twice or restart from half an update). Blocks nest.
-
-    Two layers: the main thread's signal mask (for signals whose action is the default one),
-    and the handlers made with :func:`deferrable`, which only note a signal while a block is
-    open (the kernel may hand a process signal to any thread that does not block it, torch's
-    or MLflow's, and Python then runs the handler in the main thread at once, mask or not).
-    Outside the main thread, where Python runs no signal handler, it does nothing.
-    """
-    if not _in_main_thread():
-        yield
-        return
-    wanted = {signal.SIGTERM, preempt_signal()}
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, wanted)
-    _Deferral.depth += 1
-    try:
-        yield
-    finally:
-        _Deferral.depth -= 1
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, wanted - set(previous))
-        if _Deferral.depth == 0 and _Deferral.pending is not None:
-            handler, signum = _Deferral.pending
-            _Deferral.pending = None
-            handler(signum, None)  # raises (RunKilled, RunPreempted)
-
-
-def held_signal() -> int | None:
-    """The signal an open :func:`signals_deferred` block is holding back, if any."""
-    return None if _Deferral.pending is None else _Deferral.pending[1]
-
-
-def deferrable(handler: Callable[[int, object], None]) -> Callable[[int, object], None]:
-    """``handler`` as a signal handler that waits for the open :func:`signals_deferred` block."""
-
-    def deferred_or_now(signum: int, frame: object) -> None:
-        if _Deferral.depth > 0:
-            if _Deferral.pending is None:  # the first signal wins; one is enough to stop
-                _Deferral.pending = (handler, signum)
-            return
-        handler(signum, frame)
-
-    return deferred_or_now
-
-
-@deferrable
-def _raise_killed(signum: int, frame: object) -> None:
-    # Further SIGTERMs while the run is being closed would interrupt the close itself.
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    raise RunKilled(f"received signal {signum}")
-
-
-def _in_main_thread() -> bool:
-    import threading
-
-    return threading.current_thread() is threading.main_thread()

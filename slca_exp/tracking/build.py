@@ -1,17 +1,75 @@
-"""Build a run's tracker from its config: the chosen backends behind one object, rank 0 only."""
+"""Build a run's tracker from its config: the chosen backends behind one object, rank 0 only.
+
+    tracking.backends --TRACKERS--> TrackerBackend.build(tracking, run name, redactor, resume id)
+                                    --> MultiTracker (plots when a backend keeps files)
+
+Every backend is an entry of :data:`TRACKERS`. The built-in ones import their module when a run
+builds them, so that validating a recipe never pays for importing MLflow or W&B; plugins
+(``SLCA_EXP_PLUGINS``) register theirs the same way.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from slca_exp.tracking.base import MultiTracker, NullTracker, Tracker, global_rank
+from slca_exp.core.process import global_rank
+from slca_exp.registry import Registry
+from slca_exp.tracking.base import MultiTracker, NullTracker, Tracker
 from slca_exp.tracking.redact import Redactor
 
 if TYPE_CHECKING:
-    from slca_exp.config.schema import RunConfig
+    from slca_exp.config.schema import RunConfig, TrackingConfig
     from slca_exp.recipe import Recipe
 
 _MAX_RUN_NAME = 200
+
+
+@dataclass(frozen=True)
+class TrackerBackend:
+    """A tracker backend as registered in :data:`TRACKERS`.
+
+    Attributes:
+        build: ``build(tracking, run_name, redactor, resume_run_id)``: the backend's tracker for
+            one run, from the ``tracking`` config, the run's name, the redactor every value it
+            writes goes through, and the id of the run an interrupted job of this config logged
+            to (``None``: a new run; a backend that cannot continue a run ignores it).
+        keeps_files: the backend stores files, so the end-of-run plots are made for it.
+
+    """
+
+    build: Callable[[TrackingConfig, str, Redactor, str | None], Tracker]
+    keeps_files: bool
+
+
+TRACKERS: Registry[TrackerBackend] = Registry("tracker")
+"""Tracker backends, keyed by the names ``tracking.backends`` lists."""
+
+
+def _mlflow(tracking: TrackingConfig, name: str, redactor: Redactor, resume: str | None) -> Tracker:
+    from slca_exp.tracking.mlflow import MlflowTracker
+
+    return MlflowTracker(tracking, name, redactor, resume_run_id=resume)
+
+
+def _wandb(tracking: TrackingConfig, name: str, redactor: Redactor, resume: str | None) -> Tracker:
+    from slca_exp.tracking.wandb import WandbTracker
+
+    return WandbTracker(tracking, name, redactor)
+
+
+def _console(
+    tracking: TrackingConfig, name: str, redactor: Redactor, resume: str | None
+) -> Tracker:
+    from slca_exp.tracking.console import ConsoleTracker
+
+    return ConsoleTracker(tracking.console_every)
+
+
+TRACKERS.register("mlflow", TrackerBackend(_mlflow, keeps_files=True))
+TRACKERS.register("wandb", TrackerBackend(_wandb, keeps_files=True))
+TRACKERS.register("console", TrackerBackend(_console, keeps_files=False))  # it only prints
 
 
 def build_tracker(
@@ -31,29 +89,21 @@ def build_tracker(
         rank: the global rank (default: read from the launcher's environment).
         resume: backend -> run id of an interrupted run of this job, to continue it.
 
+    Raises:
+        UnknownNameError: a backend is not registered in :data:`TRACKERS`.
+
     """
     rank = global_rank() if rank is None else rank
     if rank != 0:
         return MultiTracker([], plots=False)
     name = run_name(config, recipe, redactor)
     tracking = config.tracking
-    backends: list[Tracker] = []
-    for backend in tracking.backends:
-        if backend == "mlflow":
-            from slca_exp.tracking.mlflow import MlflowTracker
-
-            resume_id = (resume or {}).get("mlflow")
-            backends.append(MlflowTracker(tracking, name, redactor, resume_run_id=resume_id))
-        elif backend == "wandb":
-            from slca_exp.tracking.wandb import WandbTracker
-
-            backends.append(WandbTracker(tracking, name, redactor))
-        elif backend == "console":
-            from slca_exp.tracking.console import ConsoleTracker
-
-            backends.append(ConsoleTracker(tracking.console_every))
-    # Plots go to backends that keep files; the console only prints.
-    keeps_files = any(b in ("mlflow", "wandb") for b in tracking.backends)
+    chosen = {backend: TRACKERS.get(backend) for backend in tracking.backends}
+    backends = [
+        entry.build(tracking, name, redactor, (resume or {}).get(backend))
+        for backend, entry in chosen.items()
+    ]
+    keeps_files = any(entry.keeps_files for entry in chosen.values())
     return MultiTracker(backends or [NullTracker()], plots=tracking.plots and keeps_files)
 
 

@@ -22,6 +22,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from slca_exp.core import names
+
 PREFIX = "slca-exp: "
 HEADER = "---- where to look ----"
 
@@ -36,7 +38,7 @@ def say(lines: Iterable[str], stream: Any = None) -> None:  # noqa: ANN401 - a t
 def run_lines(
     config: Any,  # noqa: ANN401 - a validated RunConfig
     tracker: object,
-    engine: object,
+    checkpoint: Path | None,
 ) -> list[str]:
     """The closing lines of the run ``tracker`` recorded (:func:`run_block`), from what it knows.
 
@@ -44,14 +46,12 @@ def run_lines(
     it) or, when it saw none (verl logs from its own process), from the MLflow run.
     """
     from slca_exp.tracking.mlflow import store_uri
-    from slca_exp.tracking.sweep import absolute_uri
     from slca_exp.tracking.sweep_runs import ENV_PARENT_RUN_ID, ENV_SWEEP_ID
+    from slca_exp.tracking.uris import absolute_uri
 
     ids_of = getattr(tracker, "run_ids", None)
     run_id = (ids_of() if callable(ids_of) else {}).get("mlflow")
     store = absolute_uri(store_uri(config.tracking))
-    where = getattr(engine, "checkpoint", None)
-    checkpoint = where(config) if callable(where) else None
     parent = os.environ.get(ENV_PARENT_RUN_ID)
     return run_block(
         status=getattr(tracker, "finished", None),
@@ -72,7 +72,7 @@ def _failures(tracker: object, store: str, run_id: str | None) -> list[str]:
     from slca_exp.services.outage import SERVICES, failure_lines, failures_key, requests_key
 
     keys = [k(s) for s in SERVICES for k in (requests_key, failures_key)]
-    keys += [f"val/{k}" for k in keys]
+    keys += [names.val(k) for k in keys]
     history = getattr(getattr(tracker, "history", None), "metrics", None) or {}
     if not any(k in history for k in keys) and run_id:
         from mlflow.tracking import MlflowClient
@@ -184,7 +184,7 @@ def compare_command(target: str, store: str | None) -> str:
 
     The default store needs no ``--tracking-uri``; any other is named.
     """
-    from slca_exp.tracking.sweep import default_tracking_uri
+    from slca_exp.tracking.uris import default_tracking_uri
 
     command = f"slca-exp compare {target}"
     if store and store != default_tracking_uri():

@@ -14,21 +14,22 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-from slca_exp.tracking import names
+from slca_exp.core import names
+from slca_exp.core.tags import short
 from slca_exp.tracking.base import Status
 
 if TYPE_CHECKING:
     from slca_exp.recipe import Recipe
 
 COLUMNS: tuple[tuple[str, str], ...] = (
-    ("reward/total/mean", "R_total"),
-    ("reward/tool/mean", "R_tool"),
-    ("reward/summary/mean", "R_sum"),
+    (names.REWARD_TOTAL_MEAN, "R_total"),
+    (names.REWARD_TOOL_MEAN, "R_tool"),
+    (names.REWARD_SUMMARY_MEAN, "R_sum"),
     (names.adv("tool", "abs_mean"), "|A_tool|"),
     (names.adv("summary", "abs_mean"), "|A_sum|"),
     (names.present_frac("tool"), "tool_frac"),
-    ("train/loss", "loss"),
-    ("perf/step_s", "s/step"),
+    (names.TRAIN_LOSS, "loss"),
+    (names.PERF_STEP_S, "s/step"),
 )
 """(metric, column header) of the table; a column appears once a step has its metric."""
 
@@ -53,7 +54,7 @@ class ConsoleTracker:
 
     def start(self, recipe: Recipe, params: Mapping[str, Any]) -> None:
         """Print the recipe's tags."""
-        tags = " ".join(f"{k.removeprefix('slca.')}={v}" for k, v in recipe.tags().items())
+        tags = " ".join(f"{short(k)}={v}" for k, v in recipe.tags().items())
         self._print(f"slca-exp: {recipe.experiment_name} | {tags}")
 
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:

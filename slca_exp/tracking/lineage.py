@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from slca_exp.core.tags import EXPERIMENT_KIND, FINGERPRINT, MODEL_PATH, PROMPT_SHA256
+
 if TYPE_CHECKING:
     from mlflow import MlflowClient
     from mlflow.entities import LoggedModel, Run
@@ -32,21 +34,13 @@ if TYPE_CHECKING:
 
     from slca_exp.recipe import Recipe
 
-EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
-"""MLflow's experiment tag for what an experiment holds (GenAI apps or model training)."""
 TRAINING_KIND = "custom_model_development"
-"""The value of :data:`EXPERIMENT_KIND_TAG` for the model-training view."""
+"""The value of the experiment tag :data:`EXPERIMENT_KIND` for the model-training view."""
 SPLIT_CONTEXTS = {"sft": "training", "train": "training", "val": "validation"}
 """Split -> the dataset context MLflow records with the run input."""
 DIGEST_CHARS = 12
 """Hex digits of a split's sha256 used as the MLflow dataset digest (MLflow allows 36 at most;
 the full sha256 is in the dataset's profile)."""
-SHA256_TAG = "slca.sha256"
-"""Tag of a prompt version: the sha256 of its text (one version per sha256)."""
-FINGERPRINT_TAG = "slca.fingerprint"
-"""Tag of a logged model: the short recipe fingerprint, as on its run."""
-PATH_TAG = "slca.path"
-"""Tag of a logged model: where its files are on the machine that trained it."""
 MODEL_TYPE = "policy"
 """The ``model_type`` of the trained policy's logged model."""
 
@@ -160,13 +154,13 @@ def mark_training_experiment(client: MlflowClient, experiment_id: str) -> None:
     from mlflow.exceptions import MlflowException
 
     experiment = client.get_experiment(experiment_id)
-    if EXPERIMENT_KIND_TAG in experiment.tags:
+    if EXPERIMENT_KIND in experiment.tags:
         return
     try:
-        client.set_experiment_tag(experiment_id, EXPERIMENT_KIND_TAG, TRAINING_KIND)
+        client.set_experiment_tag(experiment_id, EXPERIMENT_KIND, TRAINING_KIND)
     except MlflowException:
         # another run of the same experiment set it at the same moment (a unique-key clash)
-        if EXPERIMENT_KIND_TAG not in client.get_experiment(experiment_id).tags:
+        if EXPERIMENT_KIND not in client.get_experiment(experiment_id).tags:
             raise
 
 
@@ -203,7 +197,7 @@ def run_datasets(run: Run) -> dict[str, str]:
 def register_prompt(client: MlflowClient, name: str, text: str, sha256: str) -> PromptVersion:
     """The registry version of ``name`` holding ``text``: the existing one, else a new one.
 
-    Versions are found by their :data:`SHA256_TAG`, so registering the same text twice gives
+    Versions are found by their tag :data:`PROMPT_SHA256`, so registering the same text twice gives
     the same version. Two jobs that register a new text at once may both create a version; the
     later one is deleted again and both use the earlier one.
 
@@ -221,13 +215,13 @@ def register_prompt(client: MlflowClient, name: str, text: str, sha256: str) -> 
         return found
     message = f"slca-exp: template sha256 {sha256[:12]}"
     try:
-        created = client.register_prompt(name, text, message, tags={SHA256_TAG: sha256})
+        created = client.register_prompt(name, text, message, tags={PROMPT_SHA256: sha256})
     except MlflowException:
         # Another job created the prompt (the registry's first version) at the same moment.
         found = _version_with(client, name, sha256)
         if found is not None:
             return found
-        created = client.register_prompt(name, text, message, tags={SHA256_TAG: sha256})
+        created = client.register_prompt(name, text, message, tags={PROMPT_SHA256: sha256})
     first = _version_with(client, name, sha256)
     if first is not None and int(first.version) < int(created.version):
         client.delete_prompt_version(name, str(created.version))
@@ -274,7 +268,7 @@ def prompt_versions(client: MlflowClient, name: str) -> list[PromptVersion]:
 
 
 def _version_with(client: MlflowClient, name: str, sha256: str) -> PromptVersion | None:
-    matching = [v for v in prompt_versions(client, name) if v.tags.get(SHA256_TAG) == sha256]
+    matching = [v for v in prompt_versions(client, name) if v.tags.get(PROMPT_SHA256) == sha256]
     return matching[0] if matching else None
 
 
@@ -323,10 +317,10 @@ def log_policy(
         run_id: the run that trained it (the model's source run; the run lists it as output).
         path: the weights.
         name: the model's name.
-        fingerprint: the short recipe fingerprint (tag :data:`FINGERPRINT_TAG`).
+        fingerprint: the short recipe fingerprint (tag :data:`FINGERPRINT`).
         step: the training step the weights are from.
         copy: upload the files into the model's artifacts; ``False``: record only where they
-            are (tags :data:`PATH_TAG` and MLflow's external-model tag), for weights too large
+            are (tags :data:`MODEL_PATH` and MLflow's external-model tag), for weights too large
             to copy (``tracking.log_model=false``).
 
     """
@@ -335,7 +329,7 @@ def log_policy(
 
     path = Path(path).resolve()
     experiment_id = client.get_run(run_id).info.experiment_id
-    tags = {FINGERPRINT_TAG: fingerprint, PATH_TAG: path.as_uri()}
+    tags = {FINGERPRINT: fingerprint, MODEL_PATH: path.as_uri()}
     if not copy:
         tags[MLFLOW_MODEL_IS_EXTERNAL] = "true"
     model = client.create_logged_model(

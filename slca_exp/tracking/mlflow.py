@@ -20,7 +20,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from slca_exp.tracking.base import Status, signals_deferred
+from slca_exp.config.paths import output_root
+from slca_exp.core.process import signals_deferred
+from slca_exp.core.tags import GIT_COMMIT, PARENT_RUN, RESUMED, RUN_NAME, SOURCE_NAME, SOURCE_TYPE
+from slca_exp.tracking.base import Status
 from slca_exp.tracking.redact import Redactor
 from slca_exp.tracking.spool import Spool, StepRecord
 from slca_exp.tracking.store import open_client, retry_locked, store_lock
@@ -43,11 +46,6 @@ _INVALID_KEY_CHARS = re.compile(r"[^\w/.\- :]")
 
 class TrackingError(RuntimeError):
     """A tracker could not start (``str(err)`` names the config key and the fix)."""
-
-
-def output_root(tracking: TrackingConfig) -> Path:
-    """``tracking.root`` as an absolute path (relative roots are taken from the launch folder)."""
-    return Path(tracking.root).expanduser().resolve()
 
 
 def store_uri(tracking: TrackingConfig) -> str:
@@ -204,7 +202,7 @@ class MlflowTracker:
         try:
             self.client.get_run(run_id)
             self.client.update_run(run_id, status="RUNNING")
-            self.client.set_tag(run_id, "slca.resumed", "true")
+            self.client.set_tag(run_id, RESUMED, "true")
         except MlflowException:
             print(f"slca-exp: MLflow run {run_id} to resume is gone; starting a new run")
             return False
@@ -349,14 +347,14 @@ class MlflowTracker:
     def _tags(self, recipe: Recipe) -> dict[str, str]:
         tags = {
             **recipe.tags(),
-            "mlflow.runName": self.run_name,
-            "mlflow.source.name": "slca-exp train",
-            "mlflow.source.type": "JOB",
+            RUN_NAME: self.run_name,
+            SOURCE_NAME: "slca-exp train",
+            SOURCE_TYPE: "JOB",
         }
         if recipe.code.get("git_sha"):
-            tags["mlflow.source.git.commit"] = recipe.code["git_sha"]
+            tags[GIT_COMMIT] = recipe.code["git_sha"]
         if self.parent_run_id:
-            tags["mlflow.parentRunId"] = self.parent_run_id
+            tags[PARENT_RUN] = self.parent_run_id
         return {k: self.redactor.text(v) for k, v in tags.items()}
 
     def _log_text(self, text: str, name: str) -> None:

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from slca_exp.tracking import names
+from slca_exp.core import names
 
 if TYPE_CHECKING:
     from slca_exp.estimators import SegmentAdvantages
@@ -28,10 +28,10 @@ Curve = Sequence[tuple[int, float]]
 """(step, value) points of one metric of one run."""
 
 REWARD_CURVES: tuple[str, ...] = (
-    "reward/total/mean",
-    "reward/tool/mean",
-    "reward/summary/mean",
-    "reward/no_call/frac",
+    names.REWARD_TOTAL_MEAN,
+    names.REWARD_TOOL_MEAN,
+    names.REWARD_SUMMARY_MEAN,
+    names.REWARD_NO_CALL_FRAC,
 )
 """The reward metrics drawn at the end of every run."""
 
@@ -135,7 +135,8 @@ def plot_groups(
 
     """
     shown = [m for m in metrics if any(run.get(m) for runs in groups.values() for run in runs)]
-    shown = [m for m in shown if not m.startswith("val/") or m[len("val/") :] not in shown]
+    prefix = names.VAL_PREFIX  # a val/<m> whose <m> has its own panel is drawn there, as markers
+    shown = [m for m in shown if not m.startswith(prefix) or m[len(prefix) :] not in shown]
     if not shown:
         return None
     plt = _pyplot()
@@ -175,7 +176,7 @@ def draw_panel(
             ax.plot(steps, mean, label=label, linewidth=1.2, color=colour)
             if len(runs) > 1:
                 ax.fill_between(steps, mean - std, mean + std, color=colour, alpha=0.2)
-        val_steps, val_mean, _ = mean_band([run.get(f"val/{metric}", ()) for run in runs])
+        val_steps, val_mean, _ = mean_band([run.get(names.val(metric), ()) for run in runs])
         if val_steps.size:
             ax.plot(val_steps, val_mean, linestyle="none", marker="o", markersize=4,
                     color=colour, label=f"{label} (val)")  # fmt: skip

@@ -1,6 +1,7 @@
-"""The runs of a sweep in MLflow: the tags that tie them together, finding them, the summary table.
+"""The runs of a sweep in MLflow: finding them by the tags that tie them, the summary table.
 
-Shared by the sweep callback (``tracking/sweep.py``) and ``slca-exp compare``.
+Shared by the sweep callback (``launch/sweep.py``) and ``slca-exp compare``; the tags are
+defined in ``core/tags.py``.
 """
 
 from __future__ import annotations
@@ -12,34 +13,27 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from slca_exp.core import names
+from slca_exp.core.names import METRICS
+from slca_exp.core.tags import JOB, JOB_STATUS, OVERRIDES, PARENT_RUN
 from slca_exp.recipe import SWEEP_ID_ENV
 from slca_exp.tracking.mlflow import PARENT_RUN_ENV
-from slca_exp.tracking.names import METRICS
 
 ENV_PARENT_RUN_ID = PARENT_RUN_ENV
 """Env var: the sweep's parent run id, read by the MLflow tracker inside each job."""
 ENV_SWEEP_ID = SWEEP_ID_ENV
 """Env var: the sweep id (tag ``slca.sweep``, W&B group), read by the recipe inside each job."""
 
-TAG_PARENT = "mlflow.parentRunId"
-TAG_SWEEP = "slca.sweep"
-TAG_ROLE = "slca.role"
-TAG_SWEPT = "slca.swept"
-"""Parent: a JSON list of the swept keys. Child: ``slca.swept.<key>`` = that job's value."""
-TAG_OVERRIDES = "slca.overrides"
-TAG_JOB = "slca.job"
-TAG_JOB_STATUS = "slca.job_status"
-
 HEADLINE_METRICS: tuple[str, ...] = (
-    "reward/total/mean",
-    "reward/tool/mean",
-    "reward/summary/mean",
-    "val/success@0.9",
+    names.REWARD_TOTAL_MEAN,
+    names.REWARD_TOOL_MEAN,
+    names.REWARD_SUMMARY_MEAN,
+    names.VAL_SUCCESS,
 )
 """Metrics shown by default in summaries and ``slca-exp compare`` (when a run logged them)."""
 _unknown = [m for m in HEADLINE_METRICS if m not in METRICS]
 if _unknown:  # names.py is the single source of metric names
-    raise ValueError(f"HEADLINE_METRICS names metrics missing from tracking/names.py: {_unknown}")
+    raise ValueError(f"HEADLINE_METRICS names metrics missing from core/names.py: {_unknown}")
 
 FAILED_RUN_STATES = ("FAILED", "KILLED")
 
@@ -99,7 +93,7 @@ def children(client: Any, experiment_id: str | None, parent_run_id: str) -> list
     """The child runs of ``parent_run_id`` (tag ``mlflow.parentRunId``), oldest first."""
     if experiment_id is None:
         experiment_id = client.get_run(parent_run_id).info.experiment_id
-    return search_all(client, [experiment_id], f"tags.`{TAG_PARENT}` = '{parent_run_id}'")
+    return search_all(client, [experiment_id], f"tags.`{PARENT_RUN}` = '{parent_run_id}'")
 
 
 def find_child(
@@ -121,7 +115,7 @@ def find_child(
     fresh = [
         run
         for run in children(client, experiment_id, parent_run_id)
-        if TAG_JOB not in run.data.tags and run.info.start_time >= start_ms - 1000
+        if JOB not in run.data.tags and run.info.start_time >= start_ms - 1000
     ]
     if len(fresh) <= 1:
         return fresh[0] if fresh else None
@@ -174,9 +168,7 @@ def summary_rows(jobs: Mapping[int, Mapping[str, Any]], runs: Iterable[Any]) -> 
         rows.append(_row(num, " ".join(job.get("overrides", [])), job.get("status", ""), run))
     for run in by_id.values():
         tags = run.data.tags
-        rows.append(
-            _row(tags.get(TAG_JOB, ""), tags.get(TAG_OVERRIDES, ""), tags.get(TAG_JOB_STATUS), run)
-        )
+        rows.append(_row(tags.get(JOB, ""), tags.get(OVERRIDES, ""), tags.get(JOB_STATUS), run))
     return rows
 
 

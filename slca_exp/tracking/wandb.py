@@ -21,8 +21,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from slca_exp.config.paths import output_root
+from slca_exp.core.tags import short
 from slca_exp.tracking.base import Status
-from slca_exp.tracking.mlflow import output_root
 from slca_exp.tracking.redact import Redactor
 
 if TYPE_CHECKING:
@@ -59,7 +60,7 @@ class WandbTracker:
         folder.mkdir(parents=True, exist_ok=True)
         config = self.redactor.mapping({**recipe.to_dict(), "config": dict(params)})
         # W&B tags are limited to 64 characters each.
-        tags = [f"{k.removeprefix('slca.')}={v}" for k, v in recipe.tags().items()]
+        tags = [f"{short(k)}={v}" for k, v in recipe.tags().items()]
         self.run = wandb.init(
             project=self.cfg.wandb_project or recipe.experiment_name,
             entity=self.cfg.wandb_entity,

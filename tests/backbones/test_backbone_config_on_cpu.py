@@ -6,8 +6,8 @@ import shutil
 import pytest
 
 from slca_exp.backbones.chat import TEMPLATE_SHA256
-from slca_exp.config.compose import CONFIG_DIR, check_overrides, compose_run
-from slca_exp.config.validate import ConfigError, validate
+from slca_exp.preflight.compose import CONFIG_DIR, check_overrides, compose_run
+from slca_exp.preflight.validate import ConfigError, validate
 from slca_exp.recipe import build_recipe
 
 from .conftest import REV

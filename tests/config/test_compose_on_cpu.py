@@ -5,10 +5,10 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from slca_exp.config.compose import CONFIG_DIR, check_overrides, compose_run, expand_sweeps
 from slca_exp.config.schema import GROUPS, RunConfig
-from slca_exp.config.validate import ConfigError, validate
 from slca_exp.engines import ENGINES
+from slca_exp.preflight.compose import CONFIG_DIR, check_overrides, compose_run, expand_sweeps
+from slca_exp.preflight.validate import ConfigError, validate
 
 
 def options(group):

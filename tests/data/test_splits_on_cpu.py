@@ -6,8 +6,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from slca_exp.config.compose import compose_run
-from slca_exp.config.validate import ConfigError, validate
 from slca_exp.data.splits import (
     SPLITS,
     DataError,
@@ -17,6 +15,8 @@ from slca_exp.data.splits import (
     synthetic_dir,
 )
 from slca_exp.data.synthetic import RL_SCHEMA
+from slca_exp.preflight.compose import compose_run
+from slca_exp.preflight.validate import ConfigError, validate
 from slca_exp.recipe import build_recipe
 
 

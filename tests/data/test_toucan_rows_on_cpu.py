@@ -11,10 +11,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from slca_exp.config.compose import compose_run
-from slca_exp.config.validate import ConfigError, validate
 from slca_exp.data.rows import check_rows
 from slca_exp.data.splits import DataError, load_split
+from slca_exp.preflight.compose import compose_run
+from slca_exp.preflight.validate import ConfigError, validate
 from slca_exp.recipe import build_recipe
 
 from ..rewards.toucan import CALC, ROWS, UI, truth

@@ -13,9 +13,10 @@ import torch
 from slca_exp.backbones import load_backbone
 from slca_exp.backbones.chat import render_prompt, render_text, tool_turn_text
 from slca_exp.config.schema import BackboneConfig, RLConfig, SimulatorConfig
+from slca_exp.core.rows import Row
 from slca_exp.data.splits import load_split
 from slca_exp.data.synthetic import generate
-from slca_exp.engines.local.rollout import Roller, RolloutSettings, row_tools
+from slca_exp.engines.local.rollout import Roller, RolloutSettings
 from slca_exp.engines.local.update import rl_update
 from slca_exp.estimators import EstimatorParams, RolloutScores, get_estimator
 from slca_exp.simulators import build_simulator
@@ -27,7 +28,7 @@ def setup(tmp_path_factory):
     root = tmp_path_factory.mktemp("signal")
     files = generate(root / "data", rows=16, seed=0)
     rows = load_split(files["train"], "train").rows
-    texts = [render_text(list(r["prompt"]), row_tools(r)) for r in rows]
+    texts = [render_text(list(r["prompt"]), Row(r).tools()) for r in rows]
     cfg = BackboneConfig(name="tiny", source="builtin", arch=TINY_ARCH)
     return cfg, rows, texts, root
 

@@ -13,17 +13,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from slca_exp.backbones.hf import load_folder
-from slca_exp.config.compose import compose_run
 from slca_exp.config.schema import JudgeConfig, RewardConfig
-from slca_exp.config.validate import validate
+from slca_exp.core import names
 from slca_exp.engines.local.engine import segments
 from slca_exp.engines.local.rollout import RolloutSettings
 from slca_exp.estimators import EstimatorParams, get_estimator
 from slca_exp.estimators.segments import split_segments
 from slca_exp.judges import build_judge
+from slca_exp.preflight.compose import compose_run
+from slca_exp.preflight.validate import validate
 from slca_exp.recipe import build_recipe
 from slca_exp.rewards import HierRReward
-from slca_exp.tracking import names
 from tests.engines.tool_caller import roller_for
 from tests.estimators.strategies import batches
 

@@ -11,10 +11,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from slca_exp.config.compose import check_overrides
 from slca_exp.config.schema import RLConfig
+from slca_exp.core import names
 from slca_exp.engines.local.update import minibatch_rows, rl_update
-from slca_exp.tracking import names
+from slca_exp.preflight.compose import check_overrides
 from tests.engines.tiny_world import build_world
 
 

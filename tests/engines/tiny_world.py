@@ -17,9 +17,10 @@ import torch
 from slca_exp.backbones import Backbone, load_backbone
 from slca_exp.backbones.chat import render_prompt, render_text, tool_turn_text
 from slca_exp.config.schema import BackboneConfig, SimulatorConfig, TinyArchConfig
+from slca_exp.core.rows import Row
 from slca_exp.data.splits import load_split
 from slca_exp.data.synthetic import generate
-from slca_exp.engines.local.rollout import PackedBatch, Roller, RolloutSettings, row_tools
+from slca_exp.engines.local.rollout import PackedBatch, Roller, RolloutSettings
 from slca_exp.estimators import EstimatorParams, RolloutScores, SegmentAdvantages, get_estimator
 from slca_exp.simulators import build_simulator
 
@@ -71,8 +72,8 @@ def build_world(tmp_path_factory: pytest.TempPathFactory) -> World:
     files = generate(root / "data", rows=16, seed=0)
     rows = load_split(files["train"], "train").rows
     sft = load_split(files["sft"], "sft").rows
-    texts = [render_text(list(r["prompt"]), row_tools(r)) for r in rows]
-    texts += [render_text(json.loads(r["messages"]), row_tools(r)) for r in sft]
+    texts = [render_text(list(r["prompt"]), Row(r).tools()) for r in rows]
+    texts += [render_text(json.loads(r["messages"]), Row(r).tools()) for r in sft]
     backbone = load_backbone(
         BackboneConfig(name="tiny", source="builtin", arch=TINY_ARCH),
         corpus=lambda: texts,

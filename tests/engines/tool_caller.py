@@ -10,10 +10,11 @@ import torch
 from slca_exp.backbones import load_backbone
 from slca_exp.backbones.chat import render_prompt, render_text, tool_turn_text
 from slca_exp.config.schema import BackboneConfig, SFTConfig, SimulatorConfig, TinyArchConfig
+from slca_exp.core.rows import Row
 from slca_exp.data.splits import load_split
 from slca_exp.data.synthetic import generate
 from slca_exp.engines.local import data_io
-from slca_exp.engines.local.rollout import Roller, row_tools
+from slca_exp.engines.local.rollout import Roller
 from slca_exp.engines.local.sft import train_sft
 from slca_exp.simulators import build_simulator
 
@@ -36,7 +37,7 @@ def build_tool_caller(root: Path) -> ToolCaller:
     """80 SFT steps: enough for a policy that writes tool calls, gets answers, sometimes sums up."""
     files = generate(root / "data", rows=16, seed=0)
     rows = load_split(files["sft"], "sft").rows
-    texts = [render_text(json.loads(r["messages"]), row_tools(r)) for r in rows]
+    texts = [render_text(json.loads(r["messages"]), Row(r).tools()) for r in rows]
     arch = TinyArchConfig(vocab_size=512, max_position_embeddings=1024)
     backbone = load_backbone(
         BackboneConfig(source="builtin", arch=arch),

@@ -14,8 +14,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from slca_exp.core import names
 from slca_exp.estimators.group import dense_group_codes, group_normalize, segment_stats
-from slca_exp.tracking import names
 
 VALUES = st.one_of(
     st.floats(-1e3, 1e3, allow_nan=False),

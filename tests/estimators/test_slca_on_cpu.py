@@ -8,8 +8,8 @@ import pytest
 import torch
 from torch.testing import assert_close
 
+from slca_exp.core import names
 from slca_exp.estimators import slca_grpo_advantages
-from slca_exp.tracking import names
 
 TWO_SEGMENTS = [1, 1, 0, 1, 1]  # tool run, tool response, summary run
 SUMMARY_ONLY = [0, 0, 0, 1, 1]

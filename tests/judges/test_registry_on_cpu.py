@@ -2,16 +2,17 @@
 
 import pytest
 
-from slca_exp.config.compose import check_overrides, compose_run
 from slca_exp.config.schema import JudgeConfig, SimulatorConfig
-from slca_exp.config.validate import validate
+from slca_exp.core.names import METRICS
 from slca_exp.judges import JUDGES, Judge, batch_stats, build_judge, describe_judge
 from slca_exp.judges.base import JudgeResult
+from slca_exp.preflight.compose import check_overrides, compose_run
+from slca_exp.preflight.sections import is_remote
+from slca_exp.preflight.validate import validate
 from slca_exp.registry import UnknownNameError
 from slca_exp.simulators import SIMULATORS, Simulator, build_simulator, describe_simulator
 from slca_exp.simulators import batch_stats as sim_stats
 from slca_exp.simulators.base import ToolResponse
-from slca_exp.tracking.names import METRICS
 
 
 def test_registered_backends_match_the_schema_choices():
@@ -19,6 +20,21 @@ def test_registered_backends_match_the_schema_choices():
     assert SIMULATORS.names() == ["replay", "sgls"]
     with pytest.raises(UnknownNameError, match="openai, rubric"):
         build_judge(JudgeConfig(backend="gpt"))
+
+
+def test_each_backend_says_whether_it_asks_a_server():
+    assert {n: JUDGES.get(n).remote for n in JUDGES} == {"openai": True, "rubric": False}
+    assert {n: SIMULATORS.get(n).remote for n in SIMULATORS} == {"replay": False, "sgls": True}
+    assert is_remote("judge", "openai") and is_remote("simulator", "sgls")
+    assert not is_remote("judge", "rubric") and not is_remote("judge", "no-such-judge")
+
+
+def test_an_unregistered_backend_is_refused_with_the_registered_ones():
+    _, problems = check_overrides(["judge.backend=rubrik", "simulator.backend=sgl"])
+    assert [p.key for p in problems] == ["judge.backend", "simulator.backend"]
+    assert "Did you mean 'rubric'? Known judges: openai, rubric" in problems[0].what
+    assert "Known simulators: replay, sgls" in problems[1].what
+    assert all("SLCA_EXP_PLUGINS" in p.fix for p in problems)
 
 
 def test_local_backends_build_and_satisfy_the_protocols():

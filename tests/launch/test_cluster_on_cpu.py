@@ -18,9 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from slca_exp.launch.cluster import _RayNode, report_failure, temp_dir_of
-from slca_exp.launch.supervise import node_processes
-from slca_exp.launch.task import (
+from slca_exp.core.task import (
     PORT_BLOCK,
     PORT_RANGE,
     PORT_SLOTS,
@@ -29,12 +27,16 @@ from slca_exp.launch.task import (
     TaskInfo,
     gpu_share,
 )
+from slca_exp.launch.ray_node import RayNode, temp_dir_of
+from slca_exp.launch.rendezvous import report_failure
+from slca_exp.launch.supervise import node_processes
 
 TASK_SCRIPT = """
 import dataclasses, json, os, signal, sys, time
-from slca_exp.launch.cluster import report_failure, serve
+from slca_exp.launch.cluster import serve
+from slca_exp.launch.rendezvous import report_failure
 from slca_exp.launch.supervise import node_processes
-from slca_exp.launch.task import NodeResources, TaskInfo
+from slca_exp.core.task import NodeResources, TaskInfo
 
 mode, join_timeout_s, temp_root = sys.argv[1], float(sys.argv[2]), sys.argv[3]
 task = TaskInfo.from_env(one_task=mode == "slurm_signals")
@@ -481,7 +483,7 @@ def test_a_node_whose_ports_are_taken_is_refused_before_ray_starts(job):
         holder.bind(("", ports.node_manager))
         holder.listen()
         with pytest.raises(ClusterError, match=f"in use on .*{ports.node_manager} .node_manager"):
-            _RayNode.start(task, ports, "127.0.0.1", job.temp_dirs()[1], head_address="x:1")
+            RayNode.start(task, ports, "127.0.0.1", job.temp_dirs()[1], head_address="x:1")
     assert job.leftovers() == []
 
 
@@ -500,8 +502,8 @@ def test_a_two_task_job_of_submitits_local_executor_boots_one_cluster(tmp_path):
     temp_root = Path("/tmp") / f"slca-l{random.randint(10**6, 10**7 - 1)}"
 
     def task_main() -> object:  # pickled by value: runs in both tasks
+        from slca_exp.core.task import TaskInfo
         from slca_exp.launch.cluster import serve
-        from slca_exp.launch.task import TaskInfo
 
         task = TaskInfo.from_env()
         assert task is not None

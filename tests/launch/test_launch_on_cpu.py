@@ -8,9 +8,9 @@ import pytest
 from hydra import compose
 
 from slca_exp.cli import main
-from slca_exp.config.compose import check_overrides, expand_sweeps, hydra_context
 from slca_exp.launch.command import plan, study_names
 from slca_exp.launch.profiles import load_profile, profile_names
+from slca_exp.preflight.compose import check_overrides, expand_sweeps, hydra_context
 
 REPO = Path(__file__).resolve().parents[2]
 

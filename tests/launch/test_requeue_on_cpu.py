@@ -11,9 +11,8 @@ import time
 import pytest
 from mlflow.tracking import MlflowClient
 
-from slca_exp.launch.requeue import preemption_requeues, preemption_stops, submitit_handler
-from slca_exp.tracking.base import (
-    MultiTracker,
+from slca_exp.core.preemption import preemption_requeues, preemption_stops, submitit_handler
+from slca_exp.core.process import (
     RunKilled,
     RunPreempted,
     deferrable,
@@ -21,6 +20,7 @@ from slca_exp.tracking.base import (
     preempt_signal,
     signals_deferred,
 )
+from slca_exp.tracking.base import MultiTracker
 
 
 class FakeSubmititHandler:
@@ -189,8 +189,8 @@ def test_a_job_stopped_while_its_runs_open_continues_them_when_it_runs_again(tmp
     # MLflow run is being opened, before the engine has saved anything. The requeued job must
     # still continue that run, not open a second one.
     from slca_exp import train
-    from slca_exp.config.compose import compose_run
     from slca_exp.engines.local.engine import LocalEngine
+    from slca_exp.preflight.compose import compose_run
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     monkeypatch.delenv("SLCA_EXP_PARENT_RUN_ID", raising=False)

@@ -2,8 +2,8 @@
 
 import pytest
 
-from slca_exp.config.compose import check_overrides, compose_run
-from slca_exp.config.validate import validate
+from slca_exp.preflight.compose import check_overrides, compose_run
+from slca_exp.preflight.validate import validate
 from slca_exp.rewards import HierRReward, HierRWeights
 
 PRESETS = {

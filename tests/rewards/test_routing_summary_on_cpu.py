@@ -5,6 +5,7 @@ import math
 import pytest
 import torch
 
+from slca_exp.core import names
 from slca_exp.estimators import get_estimator
 from slca_exp.estimators.base import EstimatorParams
 from slca_exp.judges.base import JudgeResult
@@ -17,7 +18,6 @@ from slca_exp.rewards import (
     summary_reward,
 )
 from slca_exp.rewards.summary import from_judge
-from slca_exp.tracking import names
 
 from .rows import PARIS, REPLY, row, tag, turn_break
 

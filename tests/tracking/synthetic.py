@@ -2,7 +2,7 @@
 
 No engine is installed yet, so the trackers are driven by :class:`SyntheticEngine`: every step
 draws a random multi-turn batch, scores it, runs the configured estimator and logs its stats
-with the reward means, under the names of ``slca_exp.tracking.names``.
+with the reward means, under the names of ``slca_exp.core.names``.
 
 Environment knobs (read by the engine, for subprocess tests): ``SYNTH_STEPS`` (default 5),
 ``SYNTH_SLEEP_S`` (pause per step), ``SYNTH_FAIL_AT`` (raise at that step).
@@ -18,8 +18,8 @@ from pathlib import Path
 
 import torch
 
+from slca_exp.core import names
 from slca_exp.estimators import EstimatorParams, RolloutScores, get_estimator
-from slca_exp.tracking import names
 from slca_exp.tracking.plots import advantage_samples
 
 

@@ -18,7 +18,7 @@ from slca_exp.launch.submission import (
 )
 from slca_exp.tracking.closing import compare_command, run_block, sweep_block
 from slca_exp.tracking.console import JOB_LOGGER, mirrored_to_job_log
-from slca_exp.tracking.sweep import default_tracking_uri
+from slca_exp.tracking.uris import default_tracking_uri
 
 
 def test_a_single_run_says_its_run_how_to_compare_its_folder_checkpoint_and_slurm_job():

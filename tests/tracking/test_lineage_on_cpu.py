@@ -11,10 +11,11 @@ from hypothesis import strategies as st
 from mlflow import MlflowClient
 
 from slca_exp.comparability import differences
-from slca_exp.config.compose import compose_run
-from slca_exp.config.validate import validate
+from slca_exp.core.tags import EXPERIMENT_KIND, FINGERPRINT, MODEL_PATH, PROMPT_SHA256
 from slca_exp.engines.verl.engine import final_hf_checkpoint
 from slca_exp.judges import JUDGES
+from slca_exp.preflight.compose import compose_run
+from slca_exp.preflight.validate import validate
 from slca_exp.recipe import build_recipe, prompt_registry_name
 from slca_exp.simulators import SIMULATORS
 from slca_exp.tracking import lineage
@@ -57,16 +58,16 @@ def test_one_prompt_version_per_sha256_whatever_the_order(store, texts, order):
         assert versions.setdefault(text, version.version) == version.version
     registered = lineage.prompt_versions(client, name)
     assert len(registered) == len(set(texts))
-    assert {v.tags[lineage.SHA256_TAG] for v in registered} == {sha(t) for t in texts}
+    assert {v.tags[PROMPT_SHA256] for v in registered} == {sha(t) for t in texts}
 
 
 def test_a_racing_duplicate_version_is_deleted_and_the_first_one_used(store):
     client, _, _ = store
     name = f"race-{uuid.uuid4().hex[:10]}"
-    first = client.register_prompt(name, "same", tags={lineage.SHA256_TAG: sha("same")})
+    first = client.register_prompt(name, "same", tags={PROMPT_SHA256: sha("same")})
     # What a job sees when another registered the same text after its own search.
     assert lineage.register_prompt(client, name, "same", sha("same")).version == first.version
-    late = client.register_prompt(name, "same", tags={lineage.SHA256_TAG: sha("same")})
+    late = client.register_prompt(name, "same", tags={PROMPT_SHA256: sha("same")})
     assert int(late.version) > int(first.version)
     assert lineage.register_prompt(client, name, "same", sha("same")).version == first.version
 
@@ -101,9 +102,7 @@ def test_a_run_lists_its_splits_prompts_and_the_experiment_kind(store, recipe):
     again = client.create_run(experiment)
     assert lineage.record_run_lineage(client, again.info.run_id, experiment, recipe) == versions
 
-    assert client.get_experiment(experiment).tags[lineage.EXPERIMENT_KIND_TAG] == (
-        lineage.TRAINING_KIND
-    )
+    assert client.get_experiment(experiment).tags[EXPERIMENT_KIND] == lineage.TRAINING_KIND
     found = client.get_run(run.info.run_id)
     inputs = {i.dataset.name: i for i in found.inputs.dataset_inputs}
     files = recipe.data["files"]
@@ -141,11 +140,9 @@ def test_a_run_lists_its_splits_prompts_and_the_experiment_kind(store, recipe):
 
 def test_a_kind_the_user_set_is_kept(store):
     client, _, root = store
-    mine = client.create_experiment(
-        "genai", tags={lineage.EXPERIMENT_KIND_TAG: "genai_development"}
-    )
+    mine = client.create_experiment("genai", tags={EXPERIMENT_KIND: "genai_development"})
     lineage.mark_training_experiment(client, mine)
-    assert client.get_experiment(mine).tags[lineage.EXPERIMENT_KIND_TAG] == "genai_development"
+    assert client.get_experiment(mine).tags[EXPERIMENT_KIND] == "genai_development"
 
 
 @pytest.mark.parametrize("copy", [True, False])
@@ -160,8 +157,8 @@ def test_the_policy_is_a_logged_model_of_its_run(store, tmp_path, copy):
         client, run.info.run_id, policy, name="policy", fingerprint="abc123", step=7, copy=copy
     )
     assert model.source_run_id == run.info.run_id and str(model.status) == "READY"
-    assert model.tags[lineage.FINGERPRINT_TAG] == "abc123"
-    assert model.tags[lineage.PATH_TAG] == policy.as_uri()
+    assert model.tags[FINGERPRINT] == "abc123"
+    assert model.tags[MODEL_PATH] == policy.as_uri()
     outputs = client.get_run(run.info.run_id).outputs.model_outputs
     assert [(o.model_id, o.step) for o in outputs] == [(model.model_id, 7)]
     files = {f.path for f in client.list_logged_model_artifacts(model.model_id)}

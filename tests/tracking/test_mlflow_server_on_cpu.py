@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from mlflow import MlflowClient
 
-from slca_exp.config.compose import compose_run
-from slca_exp.config.validate import validate
+from slca_exp.preflight.compose import compose_run
+from slca_exp.preflight.validate import validate
 from slca_exp.recipe import build_recipe
 from slca_exp.tracking import lineage
 from slca_exp.tracking.mlflow import MlflowTracker, mlflow_key

@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 from mlflow import MlflowClient
 from mlflow.exceptions import MlflowException
 
-from slca_exp.config.compose import compose_run
-from slca_exp.config.validate import validate
+from slca_exp.preflight.compose import compose_run
+from slca_exp.preflight.validate import validate
 from slca_exp.recipe import build_recipe
 from slca_exp.tracking import store as store_module
 from slca_exp.tracking.mlflow import MlflowTracker, get_or_create_experiment

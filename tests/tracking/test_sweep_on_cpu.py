@@ -17,9 +17,9 @@ from hydra.types import RunMode
 from mlflow.tracking import MlflowClient
 from omegaconf import open_dict
 
-from slca_exp.config.compose import expand_sweeps, hydra_context
+from slca_exp.launch.sweep import MlflowSweepCallback
+from slca_exp.preflight.compose import expand_sweeps, hydra_context
 from slca_exp.tracking import sweep_runs
-from slca_exp.tracking.sweep import MlflowSweepCallback
 from slca_exp.tracking.sweep_runs import ENV_PARENT_RUN_ID, ENV_SWEEP_ID, split_overrides
 from tests.tracking.sweeps import GRID, shared_sweep
 

@@ -1,17 +1,20 @@
 import io
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 from mlflow import MlflowClient
 from omegaconf import OmegaConf
 
-from slca_exp.config.compose import compose_run
-from slca_exp.config.validate import validate
+from slca_exp.core import names
+from slca_exp.core.process import global_rank
+from slca_exp.preflight.compose import compose_run
+from slca_exp.preflight.validate import validate
 from slca_exp.recipe import build_recipe
-from slca_exp.tracking import names
-from slca_exp.tracking.base import MultiTracker, global_rank, tracked_run
-from slca_exp.tracking.build import build_tracker
+from slca_exp.tracking.base import MultiTracker, tracked_run
+from slca_exp.tracking.build import TRACKERS, build_tracker
 from slca_exp.tracking.console import ConsoleTracker
 from slca_exp.tracking.mlflow import (
     MAX_PARAM_VALUE,
@@ -128,6 +131,23 @@ def test_only_rank_zero_logs(tmp_path, monkeypatch):
     with tracked_run(tracker, recipe, {}):
         tracker.log_metrics(step_metrics(0)[0], 0)
     assert tracker.trackers == [] and not (tmp_path / "out").exists()
+
+
+def test_trackers_are_registry_entries_imported_when_built_and_plots_go_where_files_are_kept(
+    tmp_path,
+):
+    assert {n: TRACKERS.get(n).keeps_files for n in TRACKERS} == {
+        "console": False,
+        "mlflow": True,
+        "wandb": True,
+    }
+    _, config, recipe = run_config(tmp_path, "tracking.backends=[console]")
+    tracker = build_tracker(config, recipe, Redactor(), rank=0)
+    assert [type(t) for t in tracker.trackers] == [ConsoleTracker] and not tracker.plots
+    # The registry imports no backend: validating a recipe never pays for MLflow or W&B.
+    code = "import sys, slca_exp.tracking; print(sorted({'mlflow', 'wandb'} & set(sys.modules)))"
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert res.stdout.strip() == "[]"
 
 
 def test_console_prints_a_compact_table():

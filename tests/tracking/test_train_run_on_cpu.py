@@ -14,7 +14,7 @@ import pytest
 from mlflow import MlflowClient
 
 from slca_exp import train
-from slca_exp.config.compose import compose_run
+from slca_exp.preflight.compose import compose_run
 from slca_exp.registry import Registry
 from slca_exp.tracking import lineage
 from slca_exp.tracking.mlflow import mlflow_key

@@ -2,18 +2,17 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 
-from slca_exp.backbones import Backbone, load_backbone
-from slca_exp.backbones.chat import render_prompt, render_text, tokenize_trajectory, tool_turn_text
+from slca_exp.backbones import Backbone
+from slca_exp.backbones.chat import render_prompt, tokenize_trajectory, tool_turn_text
 from slca_exp.config.schema import RunConfig
+from slca_exp.core.rows import Row
 from slca_exp.data.splits import Split, load_splits
-from slca_exp.engines.local.rollout import row_tools
-from slca_exp.tracking.mlflow import output_root
+from slca_exp.engines.common import corpus, run_backbone
 
 __all__ = ["backbone", "corpus", "load", "render_prompt", "sft_examples", "tool_turn_text"]
 
@@ -23,27 +22,9 @@ def load(config: RunConfig) -> dict[str, Split]:
     return load_splits(config)
 
 
-def corpus(splits: dict[str, Split]) -> list[str]:
-    """Texts a built-in tokenizer is trained on: every row rendered with the chat template."""
-    texts = []
-    for split in splits.values():
-        for row in split.rows:
-            tools = row_tools(row)
-            if "messages" in row:
-                texts.append(render_text(json.loads(row["messages"]), tools))
-            texts.append(render_text(list(row["prompt"]), tools))
-    return texts
-
-
 def backbone(config: RunConfig, splits: dict[str, Split], device: torch.device) -> Backbone:
     """The policy and its tokenizer (a built-in one is trained on the splits and cached)."""
-    return load_backbone(
-        config.backbone,
-        corpus=lambda: corpus(splits),
-        cache_root=output_root(config.tracking) / "cache",
-        seed=config.seed,
-        device=str(device),
-    )
+    return run_backbone(config, splits, str(device))
 
 
 def sft_examples(
@@ -51,10 +32,17 @@ def sft_examples(
     rows: Sequence[dict[str, Any]],
     max_len: int,
 ) -> list[tuple[list[int], list[int]]]:
-    """``(input_ids, loss_mask)`` of every gold trajectory (loss on assistant tokens only)."""
+    """``(input_ids, loss_mask)`` of every gold trajectory (loss on assistant tokens only).
+
+    Raises:
+        ValueError: a row without ``messages`` (the SFT split is checked when it is loaded).
+
+    """
     out = []
-    for row in rows:
-        messages = json.loads(row["messages"])
-        ids, mask = tokenize_trajectory(tokenizer, messages, row_tools(row), max_len)
+    for i, row in enumerate(map(Row, rows)):
+        messages = row.messages()
+        if messages is None:
+            raise ValueError(f"SFT row {i} has no messages (its gold trajectory)")
+        ids, mask = tokenize_trajectory(tokenizer, messages, row.tools(), max_len)
         out.append((list(ids), list(mask)))
     return out

@@ -25,16 +25,21 @@ from typing import Any
 
 import torch
 
+from slca_exp.config.paths import output_root, run_dir
 from slca_exp.config.schema import RunConfig
+from slca_exp.core import names
+from slca_exp.core.process import RunKilled, signals_deferred
+from slca_exp.core.rows import Row
+from slca_exp.engines.base import Engine
 from slca_exp.engines.local import data_io
 from slca_exp.engines.local.rollout import Roller, Rollouts, RolloutSettings
+from slca_exp.engines.local.schema import LocalEngineConfig
 from slca_exp.engines.local.sft import save_weights, sft_key, train_sft
 from slca_exp.engines.local.state import (
     CHECKPOINT,
     RunState,
     load_checkpoint,
     resumable,
-    run_dir,
     save_checkpoint,
 )
 from slca_exp.engines.local.update import rl_update
@@ -43,9 +48,6 @@ from slca_exp.estimators.segments import SegmentSplit, split_segments
 from slca_exp.locks import file_lock, lock_path
 from slca_exp.rewards import HierRReward
 from slca_exp.services.outage import ServiceWatch
-from slca_exp.tracking import names
-from slca_exp.tracking.base import RunKilled, signals_deferred
-from slca_exp.tracking.mlflow import output_root
 
 
 @dataclass
@@ -70,8 +72,11 @@ POLICY = "policy"
 """The final policy's folder in the run folder, and the name of the run's logged model."""
 
 
-class LocalEngine:
+class LocalEngine(Engine):
     """``engine=local``: registered in ``slca_exp.engines.ENGINES``."""
+
+    schema = LocalEngineConfig
+    checkpointable = True
 
     def resume_ids(self, config: RunConfig) -> dict[str, str] | None:
         """Tracker run ids of an unfinished earlier run of this exact config (to continue it)."""
@@ -262,8 +267,8 @@ class _LocalRun:
             self.watch.observe(metrics, self.state.step)  # the step is recorded: stop may raise
             bar.update(
                 {
-                    "tool": metrics["reward/tool/mean"],
-                    "sum": metrics["reward/summary/mean"],
+                    "tool": metrics[names.REWARD_TOOL_MEAN],
+                    "sum": metrics[names.REWARD_SUMMARY_MEAN],
                     "A_tool": metrics[names.adv("tool", "abs_mean")],
                     "A_sum": metrics[names.adv("summary", "abs_mean")],
                 }
@@ -300,17 +305,17 @@ class _LocalRun:
         totals = [float(x) for x in scored.scores.total.tolist()]
         hits = sum(1 for t in totals if math.isfinite(t) and t / norm >= 0.9)
         success = hits / max(len(totals), 1)
-        metrics = {f"val/{k}": v for k, v in scored.stats.items()}
+        metrics = {names.val(k): v for k, v in scored.stats.items()}
         metrics[names.VAL_SUCCESS] = success
-        metrics[f"val/{names.SEGMENT_CUTOFF_FRAC}"] = _fraction(rolls.ends_on_tool_call())
+        metrics[names.val(names.SEGMENT_CUTOFF_FRAC)] = _fraction(rolls.ends_on_tool_call())
         self.tracker.log_metrics(metrics, step)
         self.state.val[label] = metrics
         self.state.save(self.folder)
         print(
             f"slca-exp: validation ({label}, {len(rows)} prompts): tool reward "
-            f"{metrics['val/reward/tool/mean']:.3f}, summary reward "
-            f"{metrics['val/reward/summary/mean']:.3f}, success@0.9 {success:.3f}, ended on "
-            f"a tool call {metrics[f'val/{names.SEGMENT_CUTOFF_FRAC}']:.3f}",
+            f"{metrics[names.val(names.REWARD_TOOL_MEAN)]:.3f}, summary reward "
+            f"{metrics[names.val(names.REWARD_SUMMARY_MEAN)]:.3f}, success@0.9 {success:.3f}, "
+            f"ended on a tool call {metrics[names.val(names.SEGMENT_CUTOFF_FRAC)]:.3f}",
             file=sys.stderr,
         )
         return metrics
@@ -353,7 +358,7 @@ def _fraction(flags: Sequence[bool]) -> float:
 
 def _truths(rolls: Rollouts) -> list[Any]:
     """The ground truth of each sample (one shared object per prompt)."""
-    return [row["reward_model"]["ground_truth"] for row in rolls.rows]
+    return [Row(row).truth() for row in rolls.rows]
 
 
 def _service_stats(rolls: Rollouts) -> dict[str, float]:

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from slca_exp.backbones.hf import stop_token_ids_of
+from slca_exp.core.rows import Row
 from slca_exp.engines.local.sampling import generating_with, generation_config
 from slca_exp.rewards.toolcalls import ends_on_tool_call, parse_tool_calls
 from slca_exp.simulators.base import SimContext, SimRequest, ToolResponse
@@ -186,7 +187,8 @@ class Roller:
 
     def prompt_ids(self, row: dict[str, Any]) -> list[int]:
         """Token ids of a row's prompt (system + user, tools listed, generation prompt)."""
-        text = self.render_prompt(self.tok, list(row["prompt"]), row_tools(row))
+        view = Row(row)
+        text = self.render_prompt(self.tok, view.prompt(), view.tools())
         return self.tok(text, add_special_tokens=False)["input_ids"]
 
     @torch.no_grad()
@@ -319,9 +321,9 @@ class Roller:
         requests, where = [], []
         answers: dict[int, list[ToolResponse | None]] = {}
         for i, calls in calls_of.items():
-            row = samples[i][1]
-            schemas = {s["function"]["name"]: s for s in row_tools(row)}
-            context = SimContext(question=_question(row), recorded=row_recorded(row))
+            row = Row(samples[i][1])
+            schemas = {s["function"]["name"]: s for s in row.tools()}
+            context = SimContext(question=row.question(), recorded=row.recorded())
             answers[i] = [None] * len(calls)
             for k, call in enumerate(calls):
                 if call.name not in schemas:
@@ -335,19 +337,3 @@ class Roller:
         ):
             answers[i][k] = response
         return {i: [r for r in rs if r is not None] for i, rs in answers.items()}
-
-
-def row_tools(row: dict[str, Any]) -> list[dict[str, Any]]:
-    """The row's OpenAI-style function schemas."""
-    raw = row["reward_model"]["ground_truth"].get("tool_schemas") or "[]"
-    return json.loads(raw) if isinstance(raw, str) else list(raw)
-
-
-def row_recorded(row: dict[str, Any]) -> tuple[dict[str, Any], ...]:
-    """The row's recorded tool responses (``extra_info.tool_responses``)."""
-    raw = (row.get("extra_info") or {}).get("tool_responses") or "[]"
-    return tuple(json.loads(raw) if isinstance(raw, str) else raw)
-
-
-def _question(row: dict[str, Any]) -> str:
-    return str(row["reward_model"]["ground_truth"].get("question_content") or "")

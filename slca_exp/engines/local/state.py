@@ -8,7 +8,6 @@ checkpoint and the MLflow run it was logging to, and continues at the next step.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import os
 import random
@@ -18,22 +17,11 @@ from typing import Any
 
 import torch
 
+from slca_exp.config.paths import run_dir
 from slca_exp.config.schema import RunConfig
-from slca_exp.tracking.mlflow import output_root
 
 STATE = "state.json"
 CHECKPOINT = "checkpoint.pt"
-
-
-def run_key(config: RunConfig) -> str:
-    """Hex digest (16 characters) of the validated config: one key per command line."""
-    blob = json.dumps(dataclasses.asdict(config), sort_keys=True, default=str)
-    return hashlib.sha256(blob.encode()).hexdigest()[:16]
-
-
-def run_dir(config: RunConfig) -> Path:
-    """``<tracking.root>/runs/<run key>``."""
-    return output_root(config.tracking) / "runs" / run_key(config)
 
 
 @dataclass

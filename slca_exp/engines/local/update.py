@@ -13,10 +13,10 @@ import math
 import torch
 
 from slca_exp.config.schema import RLConfig
+from slca_exp.core import names
 from slca_exp.engines.local.policy import flat_grad, masked_mean, pg_loss, response_logprobs
 from slca_exp.engines.local.rollout import PackedBatch
 from slca_exp.estimators.types import SegmentAdvantages
-from slca_exp.tracking import names
 
 
 def rl_update(
@@ -79,11 +79,11 @@ def rl_update(
             entropies.append(float(masked_mean(entropy.detach(), mask[rows])))
     stats.update(
         {
-            "train/loss": sum(losses) / len(losses),
-            "train/kl": sum(kls) / len(kls),
-            "train/entropy": sum(entropies) / len(entropies),
-            "train/grad_norm": sum(norms) / len(norms) if norms else math.nan,
-            "train/lr": optimizer.param_groups[0]["lr"],
+            names.TRAIN_LOSS: sum(losses) / len(losses),
+            names.TRAIN_KL: sum(kls) / len(kls),
+            names.TRAIN_ENTROPY: sum(entropies) / len(entropies),
+            names.TRAIN_GRAD_NORM: sum(norms) / len(norms) if norms else math.nan,
+            names.TRAIN_LR: optimizer.param_groups[0]["lr"],
             names.TRAIN_SKIPPED_STEPS: float(skipped),
         }
     )

@@ -1,10 +1,14 @@
-"""verl's own checks of a translated PPO config, run on CPU before anything launches.
+"""verl's own checks of the translated configs, RL and SFT, run on CPU before anything launches.
 
-``check_verl_config(cfg)`` runs what verl checks before it trains (``validate_config``, the
-dataclass conversions its workers make, the registries it looks names up in, the reward
-manager it loads, the trainer class) and what its workers assert only once on GPUs (the vLLM
-replica layout, mini-batch splits). Every problem names verl's key and, through
-:data:`slca_exp.engines.verl.config.SOURCES`, the key of ours it comes from.
+    verl_config(config)  -> check_verl_config(cfg)   what ``verl.trainer.main_ppo`` checks
+    sft_config(config)   -> check_sft_config(cfg)    what ``verl.trainer.sft_trainer_ray`` checks
+                         == list[Problem]            every problem found; [] when valid
+
+Each runs what verl checks before it trains (``validate_config`` and the dataclass conversions
+its workers make, the registries it looks names up in, the classes it loads) and what its
+workers assert only once on GPUs (the vLLM replica layout, batch splits over the data-parallel
+ranks). Every problem names verl's key and, through the translation's table (``SOURCES`` of
+``rl_config.py`` or ``sft_config.py``), the key of ours it comes from.
 """
 
 from __future__ import annotations
@@ -15,22 +19,23 @@ import importlib
 import io
 import re
 import warnings
+from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from slca_exp.config.validate import Problem
-from slca_exp.engines.verl.config import (
-    _ACTOR,
-    _REF,
-    _ROLLOUT,
-    _TURNS,
+from slca_exp.core.problems import Problem
+from slca_exp.engines.verl.keys import (
+    ACTOR,
     ENV_VARS_KEY,
     MODULES_ENV,
     PARAMS_KEY,
-    first_line,
-    problem,
-    unresolved,
+    REF,
+    ROLLOUT,
+    TURNS,
 )
+from slca_exp.engines.verl.problems import first_line, unresolved
+from slca_exp.engines.verl.rl_config import problem
+from slca_exp.engines.verl.sft_config import sft_problem
 
 
 def check_verl_config(cfg: DictConfig) -> list[Problem]:
@@ -45,7 +50,7 @@ def check_verl_config(cfg: DictConfig) -> list[Problem]:
     (``HFModelConfig`` reads them) and the tool config file (written at launch).
 
     Args:
-        cfg: a config from :func:`verl_config` (left unchanged).
+        cfg: a config from ``verl_config`` (``rl_config.py``; left unchanged).
 
     Returns:
         Problems keyed by the verl key; each fix names the key of ours it comes from.
@@ -62,10 +67,10 @@ def check_verl_config(cfg: DictConfig) -> list[Problem]:
         return problems
     with warnings.catch_warnings():  # verl warns about optional engines it cannot import
         warnings.simplefilter("ignore")
-        return _verl_checks(cfg)
+        return _rl_checks(cfg)
 
 
-def _verl_checks(cfg: DictConfig) -> list[Problem]:
+def _rl_checks(cfg: DictConfig) -> list[Problem]:
     from verl.experimental.agent_loop.agent_loop import _agent_loop_registry
     from verl.experimental.agent_loop.tool_parser import ToolParser
     from verl.experimental.reward_loop.reward_manager.registry import REWARD_MANAGER
@@ -98,13 +103,13 @@ def _verl_checks(cfg: DictConfig) -> list[Problem]:
     loop, loggers = rollout.agent.default_agent_loop, cfg.trainer.logger or []
     loops = {*_agent_loop_registry}
     if rollout.agent.get("agent_loop_config_path"):  # our loop, listed in the file written
-        from slca_exp.engines.verl.rewards import AGENT_NAME, SLCAToolAgentLoop  # noqa: F401
+        from slca_exp.engines.verl.agent_loop import AGENT_NAME, SLCAToolAgentLoop  # noqa: F401
 
         loops.add(AGENT_NAME)
     named = [
         ("algorithm.adv_estimator", cfg.algorithm.adv_estimator, estimators),
-        (_TURNS + "format", rollout.multi_turn.format, ToolParser._registry),
-        (_ROLLOUT + "agent.default_agent_loop", loop, loops),
+        (TURNS + "format", rollout.multi_turn.format, ToolParser._registry),
+        (ROLLOUT + "agent.default_agent_loop", loop, loops),
         *((f"trainer.logger[{i}]", n, Tracking.supported_backend) for i, n in enumerate(loggers)),
     ]
     manager = cfg.reward.reward_manager
@@ -149,7 +154,7 @@ def _verl_checks(cfg: DictConfig) -> list[Problem]:
                     "engine.verl.mask_rule=parity",
                 )
             )
-    return problems + _gpu_checks(cfg)
+    return problems + _rl_gpu_checks(cfg)
 
 
 def _import_worker_modules(cfg: DictConfig) -> list[Problem]:
@@ -170,7 +175,7 @@ def _import_worker_modules(cfg: DictConfig) -> list[Problem]:
     return problems
 
 
-def _gpu_checks(cfg: DictConfig) -> list[Problem]:
+def _rl_gpu_checks(cfg: DictConfig) -> list[Problem]:
     """What verl's workers assert once on GPUs (``verl/workers/engine_workers.py``)."""
     rollout, actor = cfg.actor_rollout_ref.rollout, cfg.actor_rollout_ref.actor
     n_gpus = cfg.trainer.n_gpus_per_node * cfg.trainer.nnodes
@@ -183,7 +188,7 @@ def _gpu_checks(cfg: DictConfig) -> list[Problem]:
     if n_gpus % replica:
         problems.append(
             problem(
-                _ROLLOUT + "tensor_model_parallel_size",
+                ROLLOUT + "tensor_model_parallel_size",
                 f"a vLLM replica spans {replica} GPUs (tensor x data x pipeline parallel), which "
                 f"does not divide the {n_gpus} GPUs (nnodes x n_gpus_per_node)",
                 "pick a tensor parallel size that divides the GPUs per node",
@@ -194,7 +199,7 @@ def _gpu_checks(cfg: DictConfig) -> list[Problem]:
     if not actor.use_dynamic_bsz and dp and mini % dp:
         problems.append(
             problem(
-                _ACTOR + "ppo_mini_batch_size",
+                ACTOR + "ppo_mini_batch_size",
                 f"a mini-batch of {actor.ppo_mini_batch_size} prompts x n={rollout.n} = {mini} "
                 f"rollouts does not split over {dp} data-parallel ranks",
                 f"make ppo_mini_batch_size x group size a multiple of {dp}",
@@ -205,14 +210,14 @@ def _gpu_checks(cfg: DictConfig) -> list[Problem]:
 
 _MESSAGES = [
     (r"real_train_batch_size", "data.train_batch_size"),
-    (r"train_batch_size \(\d+\) must be >=", _ACTOR + "ppo_mini_batch_size"),
-    (r"ppo_micro_batch_size", _ACTOR + "ppo_micro_batch_size_per_gpu"),
-    (r"\[actor_rollout_ref\.ref\]", _REF + "log_prob_micro_batch_size_per_gpu"),
-    (r"\[actor_rollout_ref\.rollout\]", _ROLLOUT + "log_prob_micro_batch_size_per_gpu"),
-    (r"validation gen temperature", _ROLLOUT + "temperature"),
-    (r"expert_parallel_size", _ROLLOUT + "expert_parallel_size"),
-    (r"pipeline_model_parallel_size", _ROLLOUT + "pipeline_model_parallel_size"),
-    (r"loss_agg_mode", _ACTOR + "loss_agg_mode"),
+    (r"train_batch_size \(\d+\) must be >=", ACTOR + "ppo_mini_batch_size"),
+    (r"ppo_micro_batch_size", ACTOR + "ppo_micro_batch_size_per_gpu"),
+    (r"\[actor_rollout_ref\.ref\]", REF + "log_prob_micro_batch_size_per_gpu"),
+    (r"\[actor_rollout_ref\.rollout\]", ROLLOUT + "log_prob_micro_batch_size_per_gpu"),
+    (r"validation gen temperature", ROLLOUT + "temperature"),
+    (r"expert_parallel_size", ROLLOUT + "expert_parallel_size"),
+    (r"pipeline_model_parallel_size", ROLLOUT + "pipeline_model_parallel_size"),
+    (r"loss_agg_mode", ACTOR + "loss_agg_mode"),
 ]
 """verl's check messages -> the verl key they are about (where the message does not say)."""
 _KEY_IN_TEXT = re.compile(
@@ -222,10 +227,157 @@ _KEY_IN_TEXT = re.compile(
 
 def _from_verl(err: BaseException, section: str = "") -> Problem:
     """A problem from an exception of verl's checks, keyed by the verl key it concerns."""
-    text = " ".join(str(err).split()) or type(err).__name__
+    text = _text(err)
     key = next((k for pattern, k in _MESSAGES if re.search(pattern, text)), None)
     if key is None and (found := _KEY_IN_TEXT.search(text)):
         key = found.group(1)
     if key is None and getattr(err, "full_key", None):
         key = f"{section}.{err.full_key}" if section else str(err.full_key)
     return problem(key or section or "<verl config>", f"verl: {text}")
+
+
+def _text(err: BaseException) -> str:
+    """An error's message on one line (its type's name when there is none)."""
+    return " ".join(str(err).split()) or type(err).__name__
+
+
+# -- the SFT trainer's ----------------------------------------------------------------------
+
+
+def check_sft_config(cfg: DictConfig) -> list[Problem]:
+    """Run what verl's SFT trainer checks before it trains, on CPU; every problem found.
+
+    The dataclass conversions of ``SFTTrainer._build_config`` (engine, optim, checkpoint,
+    profiler) and its profile-interval check, the engine registry it builds the engine from,
+    the dataset class ``data.custom_cls`` names, the loggers ``Tracking`` knows, and what fails
+    once on GPUs: a global batch that does not split over the data-parallel ranks (verl's
+    balanced partitions and dispatch), sequences longer than dynamic batching takes, no step
+    to train, a converted split smaller than one batch. Not checked here: the model files
+    (``HFModelConfig`` reads them) and the rows' tokens.
+
+    Args:
+        cfg: a config from ``sft_config`` (left unchanged).
+
+    Returns:
+        Problems keyed by the verl key; each fix names the key of ours it comes from.
+
+    """
+    cfg = copy.deepcopy(cfg)
+    problems = unresolved(cfg, sft_problem)
+    if problems:
+        return problems
+    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+        warnings.simplefilter("ignore")  # verl warns about optional engines it cannot import
+        return _sft_checks(cfg) + _sft_gpu_checks(cfg)
+
+
+def _sft_checks(cfg: DictConfig) -> list[Problem]:
+    from types import SimpleNamespace
+
+    from verl.trainer.sft_trainer_ray import SFTTrainer
+    from verl.utils.config import omega_conf_to_dataclass
+    from verl.utils.import_utils import load_extern_object
+    from verl.utils.tracking import Tracking
+    from verl.workers.engine import EngineRegistry
+
+    problems = []
+    for section in ("engine", "optim", "checkpoint", "profiler"):  # as SFTTrainer._build_config
+        try:
+            omega_conf_to_dataclass(cfg[section])
+        except Exception as err:  # noqa: BLE001 - any failure of verl's conversion is a problem
+            key = f"{section}.{err.full_key}" if getattr(err, "full_key", None) else section
+            problems.append(sft_problem(key, f"verl: {_verl_error(err)}"))
+    interval = SimpleNamespace(profiler_interval=list(cfg.trainer.profile_interval))
+    try:
+        SFTTrainer._validate_profiler_interval(interval)
+    except (AssertionError, TypeError) as err:
+        problems.append(sft_problem("trainer.profile_interval", f"verl refuses it {err}".strip()))
+    engines = EngineRegistry._engines.get("language_model", {})
+    if cfg.engine.strategy not in engines:
+        problems.append(
+            sft_problem(
+                "engine.strategy",
+                f"verl has no {cfg.engine.strategy!r} engine here",
+                f"one of {', '.join(engines)}",
+            )
+        )
+    custom = cfg.data.custom_cls
+    if custom.get("path"):
+        try:
+            load_extern_object(custom.path, custom.name)
+        except Exception as err:  # noqa: BLE001 - the trainer's failure, reported here
+            problems.append(sft_problem("data.custom_cls", f"verl cannot load it: {err}"))
+    for i, name in enumerate(cfg.trainer.logger or []):
+        if name not in Tracking.supported_backend:
+            known = ", ".join(Tracking.supported_backend)
+            problems.append(sft_problem(f"trainer.logger[{i}]", f"verl knows no {name!r}", known))
+    return problems
+
+
+def _verl_error(err: BaseException) -> str:
+    """The message of an error of verl's; for a bare ``assert``, the line that failed."""
+    text = _text(err)
+    cause = err.__cause__ or err
+    if isinstance(cause, AssertionError) and not str(cause) and cause.__traceback__:
+        import traceback
+
+        text += f" ({traceback.extract_tb(cause.__traceback__)[-1].line})"
+    return text
+
+
+def _sft_gpu_checks(cfg: DictConfig) -> list[Problem]:
+    """What fails only once the trainer runs on GPUs (``sft_trainer_ray``, ``engine/utils``)."""
+    data, trainer = cfg.data, cfg.trainer
+    gpus = trainer.nnodes * trainer.n_gpus_per_node
+    sp = int(cfg.engine.get("ulysses_sequence_parallel_size") or 1)
+    problems = []
+    if gpus % sp:
+        problems.append(
+            sft_problem(
+                "engine.ulysses_sequence_parallel_size",
+                f"a sequence-parallel group of {sp} GPUs does not divide the {gpus} GPUs",
+                "pick a size that divides the GPUs per node",
+            )
+        )
+    dp = max(1, gpus // sp)
+    if data.train_batch_size % dp:
+        problems.append(
+            sft_problem(
+                "data.train_batch_size",
+                f"a global batch of {data.train_batch_size} trajectories does not split over "
+                f"{dp} data-parallel ranks (nnodes x n_gpus_per_node / sequence parallel)",
+                f"make it a multiple of {dp} (with engine.verl.nnodes and n_gpus_per_node)",
+            )
+        )
+    if data.use_dynamic_bsz and data.max_token_len_per_gpu * sp < data.max_length:
+        problems.append(
+            sft_problem(
+                "data.max_token_len_per_gpu",
+                f"dynamic batching packs at most {data.max_token_len_per_gpu * sp} tokens per GPU, "
+                f"below data.max_length={data.max_length}",
+                f"raise it to at least {data.max_length}",
+            )
+        )
+    if trainer.total_training_steps is None or trainer.total_training_steps < 1:
+        problems.append(
+            sft_problem(
+                "trainer.total_training_steps",
+                "verl's SFT trainer needs at least one step (it saves at the last one)",
+                "set engine.sft.steps >= 1, or engine.sft.enabled=false",
+            )
+        )
+    train = Path(str(data.train_files))
+    if train.is_file():  # written at launch; checked when it is here
+        import pyarrow.parquet as pq
+
+        rows = pq.ParquetFile(train).metadata.num_rows
+        if rows < data.train_batch_size:
+            problems.append(
+                sft_problem(
+                    "data.train_batch_size",
+                    f"{train} holds {rows} trajectories, fewer than one batch (verl drops the "
+                    "last incomplete batch, so an epoch would have no step)",
+                    f"use at most {rows}",
+                )
+            )
+    return problems

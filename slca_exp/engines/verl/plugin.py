@@ -24,11 +24,12 @@ import sys
 from collections.abc import Mapping, Sequence
 
 from slca_exp.engines.verl.estimators import NAMES, register
+from slca_exp.engines.verl.keys import MODULES_ENV
 from slca_exp.engines.verl.trainer import TRAINER_MODE
 
 MODULE = __name__
-"""The module verl must import (``VERL_USE_EXTERNAL_MODULES``)."""
-ENV_VAR = "VERL_USE_EXTERNAL_MODULES"
+"""The module verl must import (``VERL_USE_EXTERNAL_MODULES``; ``keys.PLUGIN_MODULE``)."""
+ENV_VAR = MODULES_ENV
 
 REGISTERED = register()
 """The estimator names this import added to verl's registry."""

@@ -11,12 +11,12 @@ two scores at two places, so two pieces work together, neither patching verl:
    penalty) as ``reward_score`` and the two routed scores and the total in
    ``reward_extra_info`` (:data:`TOOL_KEY`, :data:`SUMMARY_KEY`, :data:`TOTAL_KEY`, plus the tool
    components and the judge's status).
-2. For our estimators, :class:`SLCAToolAgentLoop` (verl's ``ToolAgentLoop``, listed in the
-   agent-loop config that :func:`agent_loop_config` writes) returns a
-   :class:`SegmentScoredOutput`, whose ``as_dict`` rebuilds ``rm_scores`` from the two scores
-   with :func:`place_segment_scores`. verl's own estimators (``grpo``) get verl's own tool agent
-   loop instead (``config.agent_loop``): ``rm_scores`` holds ``reward_score``, the total, on the
-   last token, as verl's GRPO expects.
+2. For our estimators, ``SLCAToolAgentLoop`` (``agent_loop.py``: verl's ``ToolAgentLoop``,
+   listed in the agent-loop config written next to the verl config) returns an output whose
+   ``as_dict`` rebuilds ``rm_scores`` from the two scores with :func:`place_segment_scores`.
+   verl's own estimators (``grpo``) get verl's own tool agent loop instead
+   (``rl_config.agent_loop``): ``rm_scores`` holds ``reward_score``, the total, on the last
+   token, as verl's GRPO expects.
 
 The estimator side (``estimators.py``, ``scores.py``) reads each score back as the sum of the
 rewards over its own segment's tokens, and gets the total from ``reward_extra_info`` through
@@ -41,13 +41,13 @@ from __future__ import annotations
 import asyncio
 import math
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import torch
 from omegaconf import OmegaConf
 
-from slca_exp.engines.verl.config import OUR_KEY
+from slca_exp.core.rows import Row
+from slca_exp.engines.verl.keys import OUR_KEY
 from slca_exp.rewards.toolcalls import ends_on_tool_call
 
 TOOL_KEY = "slca/tool_score"
@@ -58,15 +58,11 @@ ENDS_ON_TOOL_KEY = "slca/ends_on_tool"
 """1 when the rollout's last assistant turn is an unanswered tool call (cut off)."""
 NO_SUMMARY_KEY = "slca/no_summary"
 """1 when the rollout has no summary segment: it ends on a tool call and mask_rule=corrected."""
-AGENT_NAME = "slca_tool_agent"
-"""The agent loop's name in verl (``actor_rollout_ref.rollout.agent.default_agent_loop``)."""
 
 try:  # verl is an extra: the pure functions below work without it
-    from verl.experimental.agent_loop.agent_loop import AgentLoopOutput as _OutputBase
-    from verl.experimental.agent_loop.tool_agent_loop import ToolAgentLoop as _LoopBase
     from verl.experimental.reward_loop.reward_manager.base import RewardManagerBase as _RMBase
 except ImportError:  # pragma: no cover - exercised only without the verl extra
-    _OutputBase = _LoopBase = _RMBase = object
+    _RMBase = object
 
 
 def place_segment_scores(
@@ -99,42 +95,6 @@ def place_segment_scores(
     return scores
 
 
-class SegmentScoredOutput(_OutputBase):  # type: ignore[misc, valid-type]
-    """An agent-loop output whose ``rm_scores`` carry the two segment scores."""
-
-    def as_dict(self) -> dict[str, Any]:
-        """The dict verl stores, with ``rm_scores`` rebuilt from the two segment scores."""
-        out = super().as_dict()
-        info = (out.get("extra_fields") or {}).get("reward_extra_info") or {}
-        if TOOL_KEY in info and SUMMARY_KEY in info:
-            out["rm_scores"] = place_segment_scores(
-                out["response_mask"],
-                float(info[TOOL_KEY]),
-                float(info[SUMMARY_KEY]),
-                has_summary=not info.get(NO_SUMMARY_KEY),
-            )
-        return out
-
-
-class SLCAToolAgentLoop(_LoopBase):  # type: ignore[misc, valid-type]
-    """verl's multi-turn tool agent loop, returning :class:`SegmentScoredOutput`."""
-
-    async def run(
-        self,
-        sampling_params: dict[str, Any],
-        priority: int = 0,
-        **kwargs: Any,  # noqa: ANN401
-    ) -> SegmentScoredOutput:
-        """Run verl's loop unchanged; only the output's type changes."""
-        output = await super().run(sampling_params, priority, **kwargs)
-        return as_segment_scored(output)
-
-
-def as_segment_scored(output: Any) -> SegmentScoredOutput:  # noqa: ANN401
-    """The same output as a :class:`SegmentScoredOutput` (the fields that were set stay set)."""
-    return SegmentScoredOutput.model_validate(output.model_dump(exclude_unset=True))
-
-
 class SLCARewardManager(_RMBase):  # type: ignore[misc, valid-type]
     """verl reward manager: HierR tool process reward + judge, routed, for one trajectory."""
 
@@ -161,7 +121,7 @@ class SLCARewardManager(_RMBase):  # type: ignore[misc, valid-type]
         responses = item.batch["responses"]
         length = int(item.batch["attention_mask"][-responses.shape[-1] :].sum())
         text = self.tokenizer.decode(responses[:length].tolist(), skip_special_tokens=False)
-        truth = item.non_tensor_batch["reward_model"]["ground_truth"]
+        truth = Row(item.non_tensor_batch).truth()  # the row's columns travel with the item
         loop = asyncio.get_running_loop()
         scored = await loop.run_in_executor(
             None, lambda: self.reward.score([text], [truth], self.judge)
@@ -235,19 +195,6 @@ def reward_metrics(infos: Sequence[Mapping[str, Any]]) -> dict[str, float]:
     scores = RolloutScores(tool=[], summary=[], total=torch.tensor(totals))
     stats = reward_stats(tools, summaries, scores) | judge_stats(summaries)
     return {key: value for key, value in stats.items() if math.isfinite(value)}
-
-
-def agent_loop_config(path: str | Path) -> Path:
-    """Write verl's agent-loop config listing :class:`SLCAToolAgentLoop` as :data:`AGENT_NAME`.
-
-    Point ``actor_rollout_ref.rollout.agent.agent_loop_config_path`` at it and set
-    ``default_agent_loop`` to :data:`AGENT_NAME`.
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    target = f"{SLCAToolAgentLoop.__module__}.{SLCAToolAgentLoop.__qualname__}"
-    path.write_text(OmegaConf.to_yaml([{"name": AGENT_NAME, "_target_": target}]))
-    return path
 
 
 def _our_section(config: Any) -> Mapping[str, Any]:  # noqa: ANN401

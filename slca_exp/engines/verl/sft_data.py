@@ -18,7 +18,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from slca_exp.config.validate import Problem
+from slca_exp.core.problems import Problem
+from slca_exp.core.rows import Row, decoded
 
 DATASET_CLASS = "JSONChatSFTDataset"
 """The dataset class verl's SFT trainer loads from this module (``data.custom_cls.name``)."""
@@ -51,9 +52,9 @@ def write_sft_data(rows: Sequence[Mapping[str, Any]], path: str | Path) -> Path:
     from slca_exp.data.splits import DataError
 
     out, bad = {MESSAGES: [], TOOLS: []}, []
-    for i, row in enumerate(rows):
+    for i, row in enumerate(map(Row, rows)):
         try:
-            messages, tools = chat_messages(row[MESSAGES]), _tools_of(row)
+            messages, tools = chat_messages(row.messages()), _tools_of(row)
         except (KeyError, TypeError, ValueError) as err:
             bad.append(f"row {i}: {type(err).__name__}: {err}")
             continue
@@ -80,7 +81,7 @@ def write_sft_data(rows: Sequence[Mapping[str, Any]], path: str | Path) -> Path:
     return path
 
 
-def chat_messages(messages: str | Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+def chat_messages(messages: str | Sequence[Mapping[str, Any]] | None) -> list[dict[str, Any]]:
     """A chat (a JSON string or a list) as HF chat templates take it.
 
     ``content`` becomes a string (``None``: empty), every tool call
@@ -93,8 +94,7 @@ def chat_messages(messages: str | Sequence[Mapping[str, Any]]) -> list[dict[str,
     """
     from slca_exp.data.rows import ROLES
 
-    if isinstance(messages, str):
-        messages = json.loads(messages)
+    messages = decoded(messages, MESSAGES)
     if not isinstance(messages, Sequence) or not messages:
         raise ValueError("messages is not a non-empty list")
     chat = []
@@ -124,16 +124,11 @@ def _text(content: Any) -> str:  # noqa: ANN401
     return "" if content is None else json.dumps(content, ensure_ascii=False)
 
 
-def _tools_of(row: Mapping[str, Any]) -> list[dict[str, Any]]:
-    schemas = row["reward_model"]["ground_truth"].get("tool_schemas") or "[]"
-    tools = json.loads(schemas) if isinstance(schemas, str) else list(schemas)
+def _tools_of(row: Row) -> list[dict[str, Any]]:
+    tools = row.tools()
     if not all(isinstance(t, Mapping) for t in tools):
         raise ValueError("tool_schemas is not a list of function schemas")
     return tools
-
-
-def _decode(value: Any) -> Any:  # noqa: ANN401
-    return json.loads(value) if isinstance(value, str) else value
 
 
 @functools.cache
@@ -146,13 +141,13 @@ def _dataset_class() -> type:
 
         def _read_files_and_process(self) -> None:
             super()._read_files_and_process()
-            self.messages = [_decode(m) for m in self.messages]
+            self.messages = [decoded(m, MESSAGES) for m in self.messages]
             if self.tools is not None:
-                self.tools = [_decode(t) or None for t in self.tools]
+                self.tools = [decoded(t, TOOLS) or None for t in self.tools]
 
         def _build_messages(self, example: dict) -> list:
-            decoded = {**example, self.messages_key: _decode(example[self.messages_key])}
-            return super()._build_messages(decoded)
+            chat = decoded(example[self.messages_key], MESSAGES)
+            return super()._build_messages({**example, self.messages_key: chat})
 
     JSONChatSFTDataset.__module__ = __name__
     return JSONChatSFTDataset

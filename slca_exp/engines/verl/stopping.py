@@ -43,7 +43,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from slca_exp.engines.verl.config import OUR_KEY
+from slca_exp.engines.verl.keys import OUR_KEY
 
 STOP_KEY = f"{OUR_KEY}.stop_request"
 """verl config key: the file whose existence asks the trainer to stop for a requeue."""

@@ -32,6 +32,8 @@ from uuid import uuid4
 from omegaconf import OmegaConf
 
 from slca_exp.config.schema import SimulatorConfig
+from slca_exp.core import names
+from slca_exp.core.rows import Row, recorded_of
 from slca_exp.rewards.types import ToolCall
 from slca_exp.simulators import SimContext, Simulator, build_simulator
 
@@ -63,8 +65,7 @@ def schemas_of(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """
     found: dict[str, dict[str, Any]] = {}
     for row in rows:
-        truth = row["reward_model"]["ground_truth"]
-        for schema in json.loads(truth.get("tool_schemas") or "[]"):
+        for schema in Row(row).tools():
             name = schema["function"]["name"]
             if name in found and found[name] != schema:
                 raise ToolConfigError(
@@ -118,12 +119,9 @@ def tools_kwargs(row: Mapping[str, Any], tool_names: Iterable[str] | None = None
         tool_names: the tools to list (default: the ones the row allows).
 
     """
-    truth = row["reward_model"]["ground_truth"]
-    context = {
-        "question": str(truth.get("question_content") or ""),
-        "tool_responses": (row.get("extra_info") or {}).get("tool_responses") or "[]",
-    }
-    names = (truth.get("allowed_tools") or []) if tool_names is None else sorted(tool_names)
+    view = Row(row)
+    context = {"question": view.question(), "tool_responses": view.recorded_text()}
+    names = view.allowed() if tool_names is None else sorted(tool_names)
     return {name: {"create_kwargs": dict(context)} for name in names}
 
 
@@ -136,9 +134,7 @@ def tool_selection(row: Mapping[str, Any]) -> list[str]:
     of the split, sorted by name. An empty list (a row without schemas) is read by verl as
     "every tool".
     """
-    raw = row["reward_model"]["ground_truth"].get("tool_schemas") or "[]"
-    schemas = json.loads(raw) if isinstance(raw, str) else list(raw)
-    return [str(schema["function"]["name"]) for schema in schemas]
+    return [str(schema["function"]["name"]) for schema in Row(row).tools()]
 
 
 def verl_rows(rows: Iterable[Mapping[str, Any]], tool_names: Iterable[str]) -> list[dict[str, Any]]:
@@ -200,11 +196,8 @@ class SimulatedTool(_ToolBase):  # type: ignore[misc, valid-type]
         """Open a call: remember the row's context (question, recorded responses)."""
         instance_id = instance_id or str(uuid4())
         given = dict(create_kwargs or {})
-        recorded = given.get("tool_responses") or "[]"
-        if isinstance(recorded, str):
-            recorded = json.loads(recorded)
         self._contexts[instance_id] = SimContext(
-            str(given.get("question") or ""), tuple(dict(r) for r in recorded)
+            str(given.get("question") or ""), recorded_of(given.get("tool_responses"))
         )
         return instance_id, _VerlToolResponse()
 
@@ -254,14 +247,12 @@ def simulator_metrics(extra_fields: Iterable[Any]) -> dict[str, float]:
 
     {} when no rollout carries the counts (no tool was called, or another tool answered).
     """
-    from slca_exp.simulators.base import FAILURES, REQUESTS
-
     rows = [f for f in extra_fields if isinstance(f, Mapping) and SIM_REQUESTS_KEY in f]
     if not rows:
         return {}
     return {
-        REQUESTS: float(sum(int(f[SIM_REQUESTS_KEY]) for f in rows)),
-        FAILURES: float(sum(int(f.get(SIM_FAILURES_KEY, 0)) for f in rows)),
+        names.SIMULATOR_REQUESTS: float(sum(int(f[SIM_REQUESTS_KEY]) for f in rows)),
+        names.SIMULATOR_FAILURES: float(sum(int(f.get(SIM_FAILURES_KEY, 0)) for f in rows)),
     }
 
 

@@ -18,7 +18,7 @@ overrides one step of the training loop, ``_compute_advantage``, and calls verl'
       the simulator's counts (tools.py) -> simulator/requests, simulator/failures
       -> a step where every judge or simulator request failed: ``services/outage.py`` warns,
          tags the run and, under ``reward.judge_failure=stop``, stops the run
-    -> metrics (our names, ``slca_exp.tracking.names``) logged by verl's tracker at that step,
+    -> metrics (our names, ``slca_exp.core.names``) logged by verl's tracker at that step,
        next to verl's own
     -> with ``engine.verl.dump_batches``: the step's batch as the actor receives it
        (advantages, masks, scores; :func:`dump_batch`) in ``<run folder>/verl/batches``.
@@ -42,8 +42,8 @@ import torch
 from omegaconf import OmegaConf
 from verl.trainer.ppo.v1 import PPOTrainerSync, get_trainer_cls, register_trainer
 
-from slca_exp.engines.verl.config import OUR_KEY
 from slca_exp.engines.verl.estimators import NAMES, advantage_stats, mask_rule, segment_call
+from slca_exp.engines.verl.keys import OUR_KEY
 from slca_exp.engines.verl.rewards import (
     NO_SUMMARY_KEY,
     SUMMARY_FAILED_KEY,

@@ -30,19 +30,21 @@ from verl import DataProto  # noqa: E402
 from verl.experimental.agent_loop.agent_loop import AgentLoopMetrics, AgentLoopOutput  # noqa: E402
 
 from slca_exp.backbones.hf import load_folder  # noqa: E402
-from slca_exp.config.compose import compose_run  # noqa: E402
-from slca_exp.config.validate import validate  # noqa: E402
+from slca_exp.core import names  # noqa: E402
 from slca_exp.engines.local.rollout import RolloutSettings  # noqa: E402
 from slca_exp.engines.verl import plugin  # noqa: E402, F401 - registers the trainer
-from slca_exp.engines.verl.config import OUR_KEY, agent_loop, estimator_params, our_section  # noqa: E402
-from slca_exp.engines.verl.rewards import AGENT_NAME, SLCARewardManager, as_segment_scored  # noqa: E402
+from slca_exp.engines.verl.agent_loop import AGENT_NAME, as_segment_scored  # noqa: E402
+from slca_exp.engines.verl.keys import OUR_KEY  # noqa: E402
+from slca_exp.engines.verl.rewards import SLCARewardManager  # noqa: E402
+from slca_exp.engines.verl.rl_config import agent_loop, estimator_params, our_section  # noqa: E402
 from slca_exp.engines.verl.trainer import SLCATrainer  # noqa: E402
 from slca_exp.estimators import EstimatorParams, get_estimator  # noqa: E402
 from slca_exp.estimators.segments import split_segments  # noqa: E402
 from slca_exp.judges import build_judge  # noqa: E402
+from slca_exp.preflight.compose import compose_run  # noqa: E402
+from slca_exp.preflight.validate import validate  # noqa: E402
 from slca_exp.rewards import HierRReward  # noqa: E402
 from slca_exp.rewards.toolcalls import ends_on_tool_call  # noqa: E402
-from slca_exp.tracking import names  # noqa: E402
 from tests.engines.tool_caller import roller_for  # noqa: E402
 from tests.engines.verl.test_trainer_on_cpu import MemoryQueue  # noqa: E402
 

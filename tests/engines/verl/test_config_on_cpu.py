@@ -15,13 +15,14 @@ pytestmark = pytest.mark.verl
 from omegaconf import OmegaConf, open_dict  # noqa: E402
 
 from slca_exp.cli import main  # noqa: E402
-from slca_exp.config.compose import compose_run, hydra_context  # noqa: E402
-from slca_exp.config.schema import VerlConfig  # noqa: E402
-from slca_exp.config.validate import ConfigError, validate  # noqa: E402
-from slca_exp.engines.verl import config as verl  # noqa: E402
 from slca_exp.engines.verl import cpu  # noqa: E402
+from slca_exp.engines.verl import rl_config as verl  # noqa: E402
 from slca_exp.engines.verl.checks import check_verl_config  # noqa: E402
-from slca_exp.engines.verl.config import verl_config  # noqa: E402
+from slca_exp.engines.verl.compose import compose_verl, verl_config_dir  # noqa: E402
+from slca_exp.engines.verl.rl_config import verl_config  # noqa: E402
+from slca_exp.engines.verl.schema import VerlConfig  # noqa: E402
+from slca_exp.preflight.compose import compose_run, hydra_context  # noqa: E402
+from slca_exp.preflight.validate import ConfigError, validate  # noqa: E402
 
 PLUGIN = "slca_exp.engines.verl.plugin"
 
@@ -259,7 +260,7 @@ def test_verl_never_converts_algorithm_to_its_dataclass():
 
     with pytest.raises(Exception, match="slca"):
         omega_conf_to_dataclass(verl_config(run_config()).algorithm)
-    source = Path(verl.verl_config_dir()).parents[1]
+    source = Path(verl_config_dir()).parents[1]
     pattern = re.compile(r"omega_conf_to_dataclass\([^)]*algorithm\s*\)|(?<!class )AlgoConfig\(")
     hits = [p for p in source.rglob("*.py") if pattern.search(p.read_text(errors="ignore"))]
     assert hits == []
@@ -269,7 +270,7 @@ def test_composing_verls_config_leaves_a_running_hydra_alone():
     from hydra import compose
 
     config = run_config()
-    verl.compose_verl.cache_clear()
+    compose_verl.cache_clear()
     with hydra_context():
         verl_config(config)
         assert compose(config_name="config").engine.name == "local"

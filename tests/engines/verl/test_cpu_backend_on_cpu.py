@@ -19,12 +19,13 @@ pytest.importorskip("verl", reason="needs the verl extra")
 import torch  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 
-from slca_exp.config.compose import compose_run  # noqa: E402
-from slca_exp.config.validate import validate  # noqa: E402
 from slca_exp.engines.verl import cpu  # noqa: E402
-from slca_exp.engines.verl.config import ENV_VARS_KEY, verl_config  # noqa: E402
 from slca_exp.engines.verl.cpu import internals  # noqa: E402
 from slca_exp.engines.verl.engine import check  # noqa: E402
+from slca_exp.engines.verl.keys import ENV_VARS_KEY  # noqa: E402
+from slca_exp.engines.verl.rl_config import verl_config  # noqa: E402
+from slca_exp.preflight.compose import compose_run  # noqa: E402
+from slca_exp.preflight.validate import validate  # noqa: E402
 from tests.engines.tiny_world import build_world  # noqa: E402
 
 

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.verl
 from mlflow.tracking import MlflowClient  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 
-from slca_exp.engines.verl.engine import RUN_IDS_FILE, tracker_env  # noqa: E402
+from slca_exp.engines.verl.tracker_runs import RUN_IDS_FILE, tracker_env  # noqa: E402
 
 SMALL = [
     "engine=verl",
@@ -143,9 +143,9 @@ def test_verls_mlflow_logger_writes_into_the_run_that_holds_the_recipe(cpu_run, 
 def test_the_sft_stage_logs_into_a_child_of_the_recipes_run(cpu_run, tiny_folder, monkeypatch):
     from verl.utils.tracking import Tracking
 
-    from slca_exp.config.compose import compose_run
-    from slca_exp.config.validate import validate
-    from slca_exp.engines.verl.engine import sft_env
+    from slca_exp.engines.verl.tracker_runs import sft_env
+    from slca_exp.preflight.compose import compose_run
+    from slca_exp.preflight.validate import validate
 
     _, verl_dir, out = cpu_run
     monkeypatch.setenv("SLCA_EXP_ROOT", str(out))
@@ -174,10 +174,11 @@ def test_the_sft_stage_logs_into_a_child_of_the_recipes_run(cpu_run, tiny_folder
 def test_ids_noted_as_the_runs_open_are_resumed_until_the_run_finishes(
     tiny_folder, tmp_path, monkeypatch
 ):
-    from slca_exp.config.compose import compose_run
-    from slca_exp.config.validate import validate
-    from slca_exp.engines.verl.config import verl_dir
-    from slca_exp.engines.verl.engine import FINISHED_FILE, VerlEngine
+    from slca_exp.engines.verl.engine import VerlEngine
+    from slca_exp.engines.verl.tracker_runs import FINISHED_FILE
+    from slca_exp.engines.verl.translation import verl_dir
+    from slca_exp.preflight.compose import compose_run
+    from slca_exp.preflight.validate import validate
 
     monkeypatch.setenv("SLCA_EXP_ROOT", str(tmp_path / "out"))
     config = validate(compose_run([*SMALL, f"backbone.path={tiny_folder}"]))

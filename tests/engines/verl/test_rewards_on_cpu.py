@@ -18,22 +18,24 @@ from verl.experimental.agent_loop.agent_loop import AgentLoopMetrics, AgentLoopO
 
 from slca_exp.backbones.chat import render_text, tokenize_trajectory  # noqa: E402
 from slca_exp.backbones.tiny import train_tokenizer  # noqa: E402
-from slca_exp.config.compose import compose_run  # noqa: E402
-from slca_exp.config.validate import validate  # noqa: E402
 from slca_exp.data.rows import gold_messages  # noqa: E402
 from slca_exp.data.synthetic import build_rows  # noqa: E402
-from slca_exp.engines.verl.config import our_section  # noqa: E402
-from slca_exp.engines.verl.estimators import segment_scores  # noqa: E402
-from slca_exp.engines.verl.rewards import (  # noqa: E402
-    OUR_KEY,
-    SUMMARY_KEY,
-    TOOL_KEY,
+from slca_exp.engines.verl.agent_loop import (  # noqa: E402
     SegmentScoredOutput,
-    SLCARewardManager,
     agent_loop_config,
     as_segment_scored,
+)
+from slca_exp.engines.verl.estimators import segment_scores  # noqa: E402
+from slca_exp.engines.verl.keys import OUR_KEY  # noqa: E402
+from slca_exp.engines.verl.rewards import (  # noqa: E402
+    SUMMARY_KEY,
+    TOOL_KEY,
+    SLCARewardManager,
     place_segment_scores,
 )
+from slca_exp.engines.verl.rl_config import our_section  # noqa: E402
+from slca_exp.preflight.compose import compose_run  # noqa: E402
+from slca_exp.preflight.validate import validate  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -154,4 +156,4 @@ def test_the_agent_loop_config_names_our_loop(tmp_path):
     path = agent_loop_config(tmp_path / "agent_loops.yaml")
     (entry,) = OmegaConf.load(path)
     assert entry.name == "slca_tool_agent"
-    assert entry._target_ == "slca_exp.engines.verl.rewards.SLCAToolAgentLoop"
+    assert entry._target_ == "slca_exp.engines.verl.agent_loop.SLCAToolAgentLoop"

@@ -29,6 +29,7 @@ from verl.trainer.ppo.core_algos import FixedKLController  # noqa: E402
 from verl.trainer.ppo.ray_trainer import apply_kl_penalty  # noqa: E402
 from verl.trainer.ppo.v1.utils import compute_advantage_for_multi_trajectories  # noqa: E402
 
+from slca_exp.core import names  # noqa: E402
 from slca_exp.engines.verl import plugin, scores  # noqa: E402, F401 - registers the estimators
 from slca_exp.engines.verl.estimators import (  # noqa: E402
     segment_call,
@@ -42,7 +43,6 @@ from slca_exp.estimators import (  # noqa: E402
     toolpo_grpo_advantages,
 )
 from slca_exp.estimators.segments import split_segments  # noqa: E402
-from slca_exp.tracking import names  # noqa: E402
 
 JUDGE = [0.0, 0.25, 0.5, 0.75, 1.0, -0.5]  # the 5-label judge, and the no-call penalty
 TOOL = [0.0, 0.1, 0.2, 0.25, 0.6, 1.0, 1 / 3]

@@ -11,20 +11,17 @@ from omegaconf import OmegaConf  # noqa: E402
 
 from slca_exp.backbones.chat import GENERATION_PROMPT, render_text  # noqa: E402
 from slca_exp.backbones.tiny import train_tokenizer  # noqa: E402
-from slca_exp.config.compose import compose_run  # noqa: E402
-from slca_exp.config.validate import ConfigError, validate  # noqa: E402
 from slca_exp.data.rows import gold_messages, sft_row  # noqa: E402
 from slca_exp.data.splits import DataError  # noqa: E402
 from slca_exp.data.synthetic import build_rows  # noqa: E402
 from slca_exp.engines.verl import sft, sft_data  # noqa: E402
-from slca_exp.engines.verl.sft import (  # noqa: E402
-    check_sft_config,
-    finished_sft,
-    sft_checkpoint,
-    sft_command,
-    sft_config,
-    write_sft_data,
-)
+from slca_exp.engines.verl.checks import check_sft_config  # noqa: E402
+from slca_exp.engines.verl.keys import SFT_CONFIG_FILE  # noqa: E402
+from slca_exp.engines.verl.sft import finished_sft, sft_command  # noqa: E402
+from slca_exp.engines.verl.sft_config import sft_checkpoint, sft_config  # noqa: E402
+from slca_exp.engines.verl.sft_data import write_sft_data  # noqa: E402
+from slca_exp.preflight.compose import compose_run  # noqa: E402
+from slca_exp.preflight.validate import ConfigError, validate  # noqa: E402
 
 
 def run_config(*overrides, experiment=None):
@@ -254,10 +251,10 @@ def test_the_written_config_is_what_verls_hydra_entry_point_composes(tmp_path):
 
     from hydra import compose, initialize_config_dir
 
-    from slca_exp.engines.verl.config import write_verl_config
+    from slca_exp.engines.verl.side_files import write_verl_config
 
     cfg = sft_config(hub())
-    path = write_verl_config(cfg, tmp_path / "verl" / sft.CONFIG_FILE)
+    path = write_verl_config(cfg, tmp_path / "verl" / SFT_CONFIG_FILE)
     command = sft_command(path)
     assert command[1:3] == ["-m", "verl.trainer.sft_trainer_ray"]
     assert callable(importlib.import_module(command[2]).main)
@@ -296,7 +293,7 @@ def test_run_sft_launches_verls_trainer_on_the_written_config_and_data(monkeypat
     launched = []
 
     def trainer(command, env, check):  # stands in for verl's trainer on GPUs
-        written = OmegaConf.load(command[3].split("=", 1)[1] + "/" + sft.CONFIG_FILE)
+        written = OmegaConf.load(command[3].split("=", 1)[1] + "/" + SFT_CONFIG_FILE)
         assert OmegaConf.to_container(written) == OmegaConf.to_container(cfg)
         assert check_sft_config(written) == []  # the converted split holds a batch
         assert "VERL_USE_EXTERNAL_MODULES" in env

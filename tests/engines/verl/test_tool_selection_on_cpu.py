@@ -11,8 +11,8 @@ import pyarrow.parquet as pq
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from slca_exp.core.rows import Row
 from slca_exp.data.synthetic import build_rows
-from slca_exp.engines.local.rollout import row_tools
 from slca_exp.engines.verl.tools import schemas_of, tool_selection, verl_rows, write_verl_split
 
 ROWS = build_rows(12, "train", seed=3)
@@ -29,7 +29,7 @@ def with_schemas(row, schemas):
 @given(data=st.data())
 def test_each_row_selects_exactly_its_schemas_in_its_order(data):
     row = ROWS[data.draw(st.integers(0, len(ROWS) - 1))]
-    schemas = row_tools(row)
+    schemas = Row(row).tools()
     shown = data.draw(st.permutations(schemas))
     shown = shown[: data.draw(st.integers(1, len(shown)))]
     mine = with_schemas(row, shown)
@@ -46,7 +46,7 @@ def test_each_row_selects_exactly_its_schemas_in_its_order(data):
 
 
 def test_the_parquet_copy_keeps_every_rows_selection(tmp_path):
-    rows = [with_schemas(ROWS[0], row_tools(ROWS[0])[::-1]), *ROWS[1:]]
+    rows = [with_schemas(ROWS[0], Row(ROWS[0]).tools()[::-1]), *ROWS[1:]]
     names = [s["function"]["name"] for s in schemas_of(rows)]
     path = write_verl_split(rows, names, tmp_path / "train.parquet")
     read = pq.read_table(path).to_pylist()

@@ -19,8 +19,9 @@ from transfer_queue import KVBatchMeta  # noqa: E402
 from verl.trainer.ppo.v1 import get_trainer_cls  # noqa: E402
 from verl.utils.tensordict_utils import list_of_dict_to_tensordict  # noqa: E402
 
+from slca_exp.core import names  # noqa: E402
 from slca_exp.engines.verl import plugin  # noqa: E402, F401 - registers the trainer
-from slca_exp.engines.verl.config import OUR_KEY  # noqa: E402
+from slca_exp.engines.verl.keys import OUR_KEY  # noqa: E402
 from slca_exp.engines.verl.rewards import (  # noqa: E402
     NO_SUMMARY_KEY,
     SUMMARY_KEY,
@@ -33,7 +34,6 @@ from slca_exp.engines.verl.trainer import TRAINER_MODE, SLCATrainer, registered 
 from slca_exp.estimators import slca_grpo_advantages  # noqa: E402
 from slca_exp.estimators.segments import split_segments  # noqa: E402
 from slca_exp.services.outage import ServiceOutage  # noqa: E402
-from slca_exp.tracking import names  # noqa: E402
 
 
 class MemoryQueue:

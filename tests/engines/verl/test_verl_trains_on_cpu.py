@@ -292,7 +292,7 @@ def native_advantages(batch: dict, params: EstimatorParams) -> torch.Tensor:
 @pytest.fixture(scope="module")
 def params(verl_run):
     """The recipe's estimator hyper-parameters (the run's composed ``algorithm``)."""
-    from slca_exp.config.compose import compose_run
+    from slca_exp.preflight.compose import compose_run
 
     args = [a for a in verl_run.args if a not in PLANTED]  # its variable is the run's only
     return EstimatorParams.from_config(compose_run(args).algorithm)
@@ -376,14 +376,14 @@ def test_a_simulator_error_reaches_the_policy_as_the_local_engine_words_it(verl_
 
     from slca_exp.backbones.chat import tool_turn_text
     from slca_exp.config.schema import SimulatorConfig
-    from slca_exp.engines.local.rollout import row_tools
+    from slca_exp.core.rows import Row
     from slca_exp.rewards.types import ToolCall
     from slca_exp.simulators import build_simulator
 
     failed = verl_run.services.simulated.count("500")
     assert failed >= 1
     # what the local engine injects when its simulator service fails on a call
-    schema = row_tools(tool_caller.rows[0])[0]
+    schema = Row(tool_caller.rows[0]).tools()[0]
     call = ToolCall(schema["function"]["name"], {})
     with serve_in_thread(status=500) as down:
         config = SimulatorConfig(
@@ -414,14 +414,14 @@ def test_verls_prompts_list_the_rows_own_tools_as_the_local_engine_does(verl_run
     from transformers import AutoTokenizer
 
     from slca_exp.backbones.chat import render_prompt
-    from slca_exp.engines.local.rollout import row_tools
+    from slca_exp.core.rows import Row
 
     tokenizer = AutoTokenizer.from_pretrained(tool_caller.folder)
     rows = pq.read_table(verl_run.verl_dir / "data" / "train.parquet").to_pylist()
     by_question = {r["reward_model"]["ground_truth"]["question_content"]: r for r in rows}
     for rollout in verl_run.rollouts(1):
         row = by_question[rollout["gts"]["question_content"]]
-        local = render_prompt(tokenizer, list(row["prompt"]), row_tools(row))
+        local = render_prompt(tokenizer, list(row["prompt"]), Row(row).tools())
         ids = tokenizer(local, add_special_tokens=False)["input_ids"]
         assert rollout["input"] == tokenizer.decode(ids, skip_special_tokens=True)
 

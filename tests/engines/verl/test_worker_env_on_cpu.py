@@ -12,7 +12,7 @@ import sys
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from slca_exp.engines.verl.engine import tracker_env
+from slca_exp.engines.verl.tracker_runs import tracker_env
 
 NAMES = st.from_regex(r"[A-Z][A-Z0-9_]{0,12}", fullmatch=True)
 VALUES = st.one_of(

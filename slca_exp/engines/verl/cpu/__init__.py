@@ -22,6 +22,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from slca_exp.engines.verl import keys
+
 PLATFORM_MODULE = "slca_exp.engines.verl.cpu.platform"
 """The module every verl process imports first when the backend is ``cpu``."""
 PLATFORM = "cpu"
@@ -56,8 +58,8 @@ ROLLOUT_LOG_ENV = "SLCA_EXP_ROLLOUT_LOG"
 RAY_LOGICAL_CPUS = 16
 """CPU slots a local Ray declares: verl's actors each ask for one (they mostly wait)."""
 
-_ACTOR, _REF = "actor_rollout_ref.actor.", "actor_rollout_ref.ref."
-_ROLLOUT, _MODEL = "actor_rollout_ref.rollout.", "actor_rollout_ref.model."
+_ACTOR, _REF, _ROLLOUT = keys.ACTOR, keys.REF, keys.ROLLOUT
+_MODEL = "actor_rollout_ref.model."
 
 
 def verl_values(use_kl_loss: bool) -> dict[str, Any]:
@@ -161,7 +163,7 @@ def problems(strategy: str, tensor_parallel: int) -> list[Any]:
         tensor_parallel: ``engine.verl.tensor_model_parallel_size``.
 
     """
-    from slca_exp.config.validate import Problem
+    from slca_exp.core.problems import Problem
 
     found = []
     if strategy != "fsdp2":

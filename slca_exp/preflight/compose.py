@@ -27,14 +27,11 @@ from hydra.errors import HydraException, MissingConfigException
 from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
-from slca_exp.config.validate import (
-    ConfigError,
-    Problem,
-    problems_of,
-    schema_at,
-    unknown_path_problem,
-    user_type,
-)
+from slca_exp.config.schema import EngineConfig
+from slca_exp.core.problems import ConfigError, Problem
+from slca_exp.engines import ENGINES, engine_schema  # stores each engine's schema for Hydra
+from slca_exp.preflight.keys import schema_at, unknown_path_problem, user_type
+from slca_exp.preflight.validate import engine_schema_of, problems_of
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "conf"
 """The packaged config tree (``slca_exp/conf``, shipped as package data)."""
@@ -253,22 +250,41 @@ def _apply(cfg: DictConfig, override: Override) -> Problem | None:
                 f"write {key}={override.get_value_element_as_str()} to change it",
             )
         if not exists and not (override.is_add() or override.is_force_add()):
-            return _unknown(key)
+            return _unknown(key, engine_schema_of(cfg))
         with open_dict(cfg):
             OmegaConf.update(cfg, key, value, merge=True, force_add=True)
     except OmegaConfBaseException as err:
-        return _type_problem(key, err, override.value())
+        return _type_problem(key, err, override.value(), engine_schema_of(cfg))
     return None
 
 
-def _unknown(key: str) -> Problem:
-    return unknown_path_problem(key)
+def _unknown(key: str, engine: type[EngineConfig]) -> Problem:
+    """An unknown key; one that another engine's schema has names that engine."""
+    problem = unknown_path_problem(key, engine=engine)
+    if key.startswith("engine."):
+        parent, _, leaf = key.rpartition(".")
+        owners = [
+            name
+            for name in ENGINES
+            if (owner := schema_at(parent, engine_schema(name, ENGINES))) is not None
+            and leaf in (f.name for f in dataclasses.fields(owner))
+        ]
+        if owners:
+            pick = " or ".join(f"engine={n}" for n in owners)
+            return Problem(
+                key,
+                f"{problem.what}; it is a setting of {pick}",
+                f"pick that engine ({pick}) to set it, or remove it",
+            )
+    return problem
 
 
-def _type_problem(key: str, err: Exception, value: object) -> Problem:
+def _type_problem(
+    key: str, err: Exception, value: object, engine: type[EngineConfig] = EngineConfig
+) -> Problem:
     """A value of the wrong type, both named as the user writes them (not Python's classes)."""
     parent, _, leaf = key.rpartition(".")
-    owner = schema_at(parent)
+    owner = schema_at(parent, engine)
     hint = typing.get_type_hints(owner).get(leaf) if owner else None
     if hint is None:
         return Problem(key, _first_line(err), f"give {key} a value the schema accepts")
@@ -315,11 +331,13 @@ def _composition_problem(
     where = _origin(option.group("path"), key, _search_dirs(hydra_side, extra_config_dirs))
     lines = [line.strip() for line in text.splitlines()[1:] if line.strip()]
     detail = lines[0] if lines else _first_line(err)
+    group, _, name = option.group("path").rpartition("/")
+    engine = engine_schema(name, ENGINES) if group == "engine" else EngineConfig
     if detail.startswith("Key '"):  # a key the schema does not have
-        unknown = unknown_path_problem(key)
+        unknown = unknown_path_problem(key, engine=engine)
         return Problem(key, f"{unknown.what}, in {where}", unknown.fix)
     parent, _, leaf = key.rpartition(".")
-    owner = schema_at(parent)
+    owner = schema_at(parent, engine)
     hint = typing.get_type_hints(owner).get(leaf) if owner else None
     if hint is None:
         return Problem(key, f"{detail}, in {where}", f"fix {key} in {where}")

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
-from slca_exp.tracking.base import RunPreempted, deferrable, global_rank, preempt_signal
+from slca_exp.core.process import RunPreempted, deferrable, global_rank, preempt_signal
 
 Handler = Callable[[int, FrameType | None], Any]
 

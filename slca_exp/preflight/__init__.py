@@ -16,71 +16,31 @@ from __future__ import annotations
 
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager, nullcontext
-from contextvars import ContextVar
+from collections.abc import Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from omegaconf import DictConfig
 
-from slca_exp.config.compose import CONFIG_NAME, compose_jobs, merge_job_problems
 from slca_exp.config.schema import RunConfig
-from slca_exp.config.validate import LOCAL_BACKENDS, ConfigError, Problem
+from slca_exp.core.checking import creating_nothing, may_create, on_this_host
+from slca_exp.core.problems import ConfigError, Problem
+from slca_exp.preflight.compose import CONFIG_NAME, compose_jobs, merge_job_problems
+from slca_exp.preflight.sections import SERVICES, is_remote
 
 if TYPE_CHECKING:
+    from slca_exp.engines import Engine
     from slca_exp.recipe import Recipe
 
 PROBE_TIMEOUT_S = 3.0
 """How long the reachability probe waits for a judge or simulator server to answer."""
 
-_CREATING: ContextVar[bool] = ContextVar("slca_exp_creating", default=True)
-_HERE: ContextVar[bool] = ContextVar("slca_exp_runs_here", default=False)
-
-
-def may_create() -> bool:
-    """False inside :func:`creating_nothing`: report what a run would build, do not build it.
-
-    Read where a check would otherwise write (the recipe's synthetic split, verl's built-in
-    backbone checkpoint), so that an engine's check keeps its one signature.
-    """
-    return _CREATING.get()
-
-
-@contextmanager
-def creating_nothing() -> Iterator[None]:
-    """Run the checks of the block without generating data or building checkpoints."""
-    token = _CREATING.set(False)
-    try:
-        yield
-    finally:
-        _CREATING.reset(token)
-
-
-def runs_here() -> bool:
-    """True inside :func:`on_this_host`: this host's resources (GPUs) are the run's.
-
-    A command line whose jobs run here (Hydra's basic launcher) checks them before it starts.
-    A submission does not (a login node has no GPUs), nor does a job before its Ray cluster is
-    up; the engine checks them again when it starts.
-    """
-    return _HERE.get()
-
-
-@contextmanager
-def on_this_host() -> Iterator[None]:
-    """Within the block, the checks may judge this host's resources (:func:`runs_here`)."""
-    token = _HERE.set(True)
-    try:
-        yield
-    finally:
-        _HERE.reset(token)
-
 
 def check_run(
     cfg: DictConfig,
     engines: Any = None,  # noqa: ANN401 - a Registry of engines
-) -> tuple[RunConfig, Any, Recipe]:
+) -> tuple[RunConfig, Engine, Recipe]:
     """Validate ``cfg``, build its recipe, run its engine's own check.
 
     Args:
@@ -95,23 +55,22 @@ def check_run(
         RegistryError: no engine of that name is installed.
 
     """
-    from slca_exp.config.validate import validate
-    from slca_exp.engines import ENGINES
+    from slca_exp.engines import ENGINES, as_engine
     from slca_exp.plugins import load_plugins
+    from slca_exp.preflight.validate import validate
     from slca_exp.recipe import build_recipe
 
     load_plugins()  # a job may run in a fresh process (submitit, SLURM): register plugins there
     config = validate(cfg)
-    problems = [] if may_create() else synthetic_problems(config)
+    problems = [] if may_create() else pending_problems(config)
     try:
         recipe = build_recipe(config)
     except ConfigError as err:
         raise ConfigError([*problems, *err.problems]) from None
     if problems:
         raise ConfigError(problems)
-    engine = (ENGINES if engines is None else engines).get(config.engine.name)
-    check = getattr(engine, "check", None)  # the engine's own checks (engine=verl: verl's)
-    problems = check(config, recipe) if callable(check) else []
+    engine = as_engine((ENGINES if engines is None else engines).get(config.engine.name))
+    problems = engine.check(config, recipe)  # the engine's own checks (engine=verl: verl's)
     if problems:
         raise ConfigError(problems)
     return config, engine, recipe
@@ -192,43 +151,23 @@ def preflight(
 # --- what a run would create -------------------------------------------------------------------
 
 
-def synthetic_problems(config: RunConfig) -> list[Problem]:
-    """The problems generating the synthetic split would raise, found without generating it."""
-    from slca_exp.data.splits import DataError, split_files, synthetic_dir
-    from slca_exp.data.synthetic import MANIFEST, SPLIT_FILES
+def pending_problems(config: RunConfig) -> list[Problem]:
+    """The problems making the run's split would raise, found without making it.
 
-    if config.data.kind != "synthetic":
-        return []
-    folder = synthetic_dir(config)
-    if (folder / MANIFEST).is_file() or not any(
-        (folder / f).exists() for f in SPLIT_FILES.values()
-    ):
-        return []
-    # Split files without our manifest: the generator refuses them before it writes anything,
-    # so asking it gives the run's own problem, word for word.
-    try:
-        split_files(config)
-    except DataError as err:
-        return list(err.problems)
-    return []
+    Only a data source that makes its split has any: the synthetic one refuses a folder of split
+    files it did not write (``data/sources.py``).
+    """
+    from slca_exp.data.sources import data_source
+
+    return data_source(config.data.kind).pending_problems(config)
 
 
 def pending_notes(config: RunConfig) -> list[str]:
     """What the run would generate before it starts, one line each."""
-    from slca_exp.data.splits import synthetic_dir
-    from slca_exp.data.synthetic import MANIFEST, SPLIT_FILES
+    from slca_exp.data.sources import data_source
 
-    d = config.data
-    if d.kind != "synthetic":
-        return []
-    folder = synthetic_dir(config)
-    files = [folder / MANIFEST, *(folder / f for f in SPLIT_FILES.values())]
-    if all(f.is_file() for f in files):
-        return []
-    return [
-        f"data: the synthetic split (data.rows={d.rows}, data.seed={d.seed}) will be generated "
-        f"in {folder}"
-    ]
+    note = data_source(config.data.kind).pending_note(config)
+    return [] if note is None else [note]
 
 
 # --- are the judge and the simulator there? ----------------------------------------------------
@@ -245,10 +184,10 @@ def probe_services(
     """
     problems, seen = [], set()
     for config in configs:
-        for group, local in LOCAL_BACKENDS.items():
+        for group in SERVICES:
             service = getattr(config, group)
             url = str(service.base_url or "")
-            if service.backend == local or not url or (group, url) in seen:
+            if not is_remote(group, service.backend) or not url or (group, url) in seen:
                 continue
             seen.add((group, url))
             why = unreachable(url, timeout_s)

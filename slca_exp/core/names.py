@@ -1,8 +1,9 @@
 """Every metric name slca-exp logs, defined once, each with its one-line meaning.
 
-Code never spells a metric name as a literal: it calls the helpers below. The README's metric
-glossary is checked against :data:`METRICS` by the test suite, so a name added here without a
-glossary line (or the other way round) fails CI.
+Code never spells a metric name as a literal: it uses the constants and helpers below, and a
+test fails on a metric name spelled anywhere else in ``slca_exp``. The metric glossary in
+docs/metrics.md is this module's own table (``python -m slca_exp.core.names``), checked by the
+test suite, so a name added here without a glossary line (or the other way round) fails CI.
 
 Segments are ``tool`` (every learnable run of a rollout but the last) and ``summary`` (the last
 learnable run); see ``slca_exp.estimators.segments``.
@@ -18,6 +19,24 @@ ADV_STATS: Final[tuple[str, ...]] = ("mean", "std", "abs_mean", "min", "max")
 TOOL_COMPONENTS: Final[tuple[str, ...]] = ("format", "name", "key", "value", "parallel")
 PHASES: Final[tuple[str, ...]] = ("generate", "simulate", "reward", "advantage", "update")
 
+REWARD_TOOL_MEAN: Final = "reward/tool/mean"
+REWARD_TOOL_STD: Final = "reward/tool/std"
+REWARD_SUMMARY_MEAN: Final = "reward/summary/mean"
+REWARD_SUMMARY_STD: Final = "reward/summary/std"
+REWARD_TOTAL_MEAN: Final = "reward/total/mean"
+REWARD_NO_CALL_FRAC: Final = "reward/no_call/frac"
+JUDGE_REQUESTS: Final = "judge/requests"
+JUDGE_FAILURES: Final = "judge/failures"
+JUDGE_CACHE_HIT_FRAC: Final = "judge/cache_hit_frac"
+JUDGE_LATENCY_MS: Final = "judge/latency_ms"
+SIMULATOR_REQUESTS: Final = "simulator/requests"
+SIMULATOR_FAILURES: Final = "simulator/failures"
+SIMULATOR_CACHE_HIT_FRAC: Final = "simulator/cache_hit_frac"
+TRAIN_LOSS: Final = "train/loss"
+TRAIN_KL: Final = "train/kl"
+TRAIN_ENTROPY: Final = "train/entropy"
+TRAIN_GRAD_NORM: Final = "train/grad_norm"
+TRAIN_LR: Final = "train/lr"
 PERF_STEP_S: Final = "perf/step_s"
 PERF_TOKENS_PER_S: Final = "perf/tokens_per_s"
 TRAIN_GRAD_COS: Final = "train/grad_cos"
@@ -25,7 +44,20 @@ TRAIN_SKIPPED_STEPS: Final = "train/skipped_steps"
 SEGMENT_CUTOFF_FRAC: Final = "segment/cutoff_frac"
 SFT_LOSS: Final = "sft/loss"
 SFT_SKIPPED_BATCHES: Final = "sft/skipped_batches"
+VAL_PREFIX: Final = "val/"
+"""``val/<name>``: metric ``<name>`` on the validation split (:func:`val`)."""
 VAL_SUCCESS: Final = "val/success@0.9"
+
+
+def val(name: str) -> str:
+    """``val/{name}``: the same metric on the validation split."""
+    return VAL_PREFIX + name
+
+
+def tool_component(part: str) -> str:
+    """``reward/tool/{part}/mean``: the batch mean of one component of the tool process score."""
+    _check(part, TOOL_COMPONENTS, "tool reward component")
+    return f"reward/tool/{part}/mean"
 
 
 def adv(segment: Segment, stat: str) -> str:
@@ -66,17 +98,17 @@ def _check(value: str, allowed: tuple[str, ...], what: str) -> None:
 
 def _catalogue() -> dict[str, str]:
     m: dict[str, str] = {
-        "reward/tool/mean": "mean HierR tool process score over the batch",
-        "reward/tool/std": "std of the tool process score over the batch",
-        "reward/summary/mean": "mean judge summary score, (rating - 1) / 4, over scored rollouts",
-        "reward/summary/std": "std of the summary score over scored rollouts",
-        "reward/total/mean": (
+        REWARD_TOOL_MEAN: "mean HierR tool process score over the batch",
+        REWARD_TOOL_STD: "std of the tool process score over the batch",
+        REWARD_SUMMARY_MEAN: "mean judge summary score, (rating - 1) / 4, over scored rollouts",
+        REWARD_SUMMARY_STD: "std of the summary score over scored rollouts",
+        REWARD_TOTAL_MEAN: (
             "mean total score (w_process * tool + w_summary * summary, or the penalty)"
         ),
-        "reward/no_call/frac": "fraction of rollouts that needed a tool call and made none",
+        REWARD_NO_CALL_FRAC: "fraction of rollouts that needed a tool call and made none",
     }
     for part in TOOL_COMPONENTS:
-        m[f"reward/tool/{part}/mean"] = f"mean of the '{part}' component of the tool process score"
+        m[tool_component(part)] = f"mean of the '{part}' component of the tool process score"
     stat_doc = {
         "mean": "mean",
         "std": "unbiased std",
@@ -105,18 +137,18 @@ def _catalogue() -> dict[str, str]:
     )
     m.update(
         {
-            "judge/requests": "judge calls made in the step (rollouts not short-circuited)",
-            "judge/failures": "judge calls that failed after retries (their summary is absent)",
-            "judge/cache_hit_frac": "fraction of judge requests answered from the cache",
-            "judge/latency_ms": "mean judge request latency in milliseconds",
-            "simulator/requests": "tool calls the simulator was asked to answer (schema passed)",
-            "simulator/failures": "simulator calls that failed after retries",
-            "simulator/cache_hit_frac": "fraction of simulator requests answered from the cache",
-            "train/loss": "policy-gradient loss",
-            "train/kl": "mean KL to the reference policy",
-            "train/entropy": "mean token entropy of the policy",
-            "train/grad_norm": "gradient norm before clipping, mean over the optimizer steps taken",
-            "train/lr": "learning rate",
+            JUDGE_REQUESTS: "judge calls made in the step (rollouts not short-circuited)",
+            JUDGE_FAILURES: "judge calls that failed after retries (their summary is absent)",
+            JUDGE_CACHE_HIT_FRAC: "fraction of judge requests answered from the cache",
+            JUDGE_LATENCY_MS: "mean judge request latency in milliseconds",
+            SIMULATOR_REQUESTS: "tool calls the simulator was asked to answer (schema passed)",
+            SIMULATOR_FAILURES: "simulator calls that failed after retries",
+            SIMULATOR_CACHE_HIT_FRAC: "fraction of simulator requests answered from the cache",
+            TRAIN_LOSS: "policy-gradient loss",
+            TRAIN_KL: "mean KL to the reference policy",
+            TRAIN_ENTROPY: "mean token entropy of the policy",
+            TRAIN_GRAD_NORM: "gradient norm before clipping, mean over the optimizer steps taken",
+            TRAIN_LR: "learning rate",
             TRAIN_SKIPPED_STEPS: (
                 "optimizer steps of an RL step not taken because the gradient norm was NaN or "
                 "infinite"
@@ -161,8 +193,17 @@ ESTIMATOR_STATS: Final[tuple[str, ...]] = tuple(
 """
 
 
+def known(name: str) -> bool:
+    """Whether slca-exp logs a metric of this name (``val/<name>`` included).
+
+    >>> known("reward/tool/mean"), known("val/reward/tool/mean"), known("reward/tool")
+    (True, True, False)
+    """
+    return name in METRICS or (name.startswith(VAL_PREFIX) and name[len(VAL_PREFIX) :] in METRICS)
+
+
 def glossary_markdown() -> str:
-    """The README's metric glossary table, generated from :data:`METRICS`."""
+    """The metric glossary table of docs/metrics.md, generated from :data:`METRICS`."""
     rows = ["| metric | meaning |", "| --- | --- |"]
     rows += [f"| `{name}` | {doc} |" for name, doc in METRICS.items()]
     return "\n".join(rows)

@@ -40,100 +40,48 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
+from slca_exp.core.process import global_rank
+from slca_exp.core.tags import (
+    CHILD_ROLE,
+    EXPECTED_JOBS,
+    JOB,
+    JOB_STATUS,
+    JOBS_FAILED,
+    JOBS_REPORTED,
+    OVERRIDES,
+    PARENT_ROLE,
+    ROLE,
+    RUN_NOTE,
+    SWEEP,
+    SWEEP_DIR,
+    SWEEP_ERROR,
+    SWEPT,
+    is_job_record,
+    job_record,
+    swept_tag,
+)
 from slca_exp.tracking import sweep_runs
-from slca_exp.tracking.base import global_rank
 from slca_exp.tracking.closing import say, slurm_job, sweep_block
 from slca_exp.tracking.mlflow import get_or_create_experiment
 from slca_exp.tracking.redact import Redactor
 from slca_exp.tracking.sweep_runs import (
     ENV_PARENT_RUN_ID,
     ENV_SWEEP_ID,
-    TAG_JOB,
-    TAG_JOB_STATUS,
-    TAG_OVERRIDES,
-    TAG_ROLE,
-    TAG_SWEEP,
-    TAG_SWEPT,
     split_overrides,
 )
+from slca_exp.tracking.uris import artifact_root, resolve_tracking_uri
 
 log = logging.getLogger(__name__)
 
-JOB_TAG_PREFIX = "slca.jobs."
-"""Parent tags ``slca.jobs.<num>``: each job's record (JSON), written from inside the job."""
 SUMMARY_NAME = "sweep_summary"
-
-
-def resolve_tracking_uri(config: DictConfig | None, explicit: str | None = None) -> str:
-    """The tracking URI, resolved the way the MLflow tracker resolves it.
-
-    Order: ``explicit`` (the callback's ``tracking_uri`` parameter, ``--tracking-uri``), then with
-    a config the tracker's own choice (``tracking.mlflow_uri``, else
-    ``sqlite:///<tracking.root>/mlflow.db``); without one ``$MLFLOW_TRACKING_URI``, else the
-    default store ``sqlite:///<$SLCA_EXP_ROOT or outputs>/mlflow.db``. Relative paths are made
-    absolute, so that jobs on other nodes or in other folders open the same store.
-    """
-    from slca_exp.tracking.mlflow import store_uri
-
-    tracking = OmegaConf.select(config, "tracking", default=None) if config is not None else None
-    if explicit:
-        uri = explicit
-    elif tracking is not None:
-        uri = store_uri(tracking)
-    else:
-        root = os.environ.get("SLCA_EXP_ROOT") or "outputs"
-        uri = os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path(root) / 'mlflow.db'}"
-    return absolute_uri(str(uri))
-
-
-def default_tracking_uri() -> str:
-    """The store ``slca-exp train`` logs to with the default config (``slca-exp compare``)."""
-    return resolve_tracking_uri(None)
-
-
-def artifact_root(config: DictConfig | None, uri: str) -> Path | None:
-    """The folder whose ``mlartifacts/`` holds a new experiment's artifacts.
-
-    As the tracker picks it: ``tracking.root`` for the default sqlite store; beside the database
-    for another sqlite store; None (the server's or MLflow's default) otherwise.
-    """
-    from slca_exp.tracking.mlflow import output_root
-
-    tracking = OmegaConf.select(config, "tracking", default=None) if config is not None else None
-    if tracking is not None and uri == resolve_tracking_uri(config) and not tracking.mlflow_uri:
-        return output_root(tracking)
-    if uri.startswith("sqlite:///"):
-        return Path(uri[len("sqlite:///") :]).parent
-    return None
-
-
-def local_store_path(uri: str) -> Path | None:
-    """The database file or folder of a local (sqlite or file) store; None for a server."""
-    from urllib.parse import urlparse
-
-    if uri.startswith("sqlite:///"):
-        return Path(uri[len("sqlite:///") :])
-    if uri.startswith("file:"):
-        return Path(urlparse(uri).path)
-    return None
-
-
-def absolute_uri(uri: str) -> str:
-    """Make the path of a ``sqlite:///`` or ``file:`` URI (or a bare path) absolute."""
-    if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
-        return "sqlite:///" + str(Path(uri[len("sqlite:///") :]).resolve())
-    if uri.startswith("file:") and not uri.startswith("file:/"):
-        return Path(uri[len("file:") :]).resolve().as_uri()
-    if "://" not in uri and not uri.startswith("file:"):
-        return Path(uri).resolve().as_uri()
-    return uri
 
 
 class MlflowSweepCallback(Callback):
     """Hydra callback: one MLflow parent run per multirun, each job's run a child of it.
 
     Args:
-        tracking_uri: MLflow tracking URI; default: see :func:`resolve_tracking_uri`.
+        tracking_uri: MLflow tracking URI; default: as
+            :func:`~slca_exp.tracking.uris.resolve_tracking_uri` resolves it.
         sweep_id: the sweep id; default ``<experiment_name>-<YYYYmmdd-HHMMSS>-<6 hex>``.
         enabled: ``None`` (default) = only when ``tracking.backends`` contains ``mlflow``.
 
@@ -197,13 +145,13 @@ class MlflowSweepCallback(Callback):
             client, name, artifact_root(config, self.tracking_uri)
         )
         tags = {
-            TAG_SWEEP: self.sweep_id,
-            TAG_ROLE: "parent",
-            TAG_SWEPT: json.dumps(sorted(self.swept)),
-            TAG_OVERRIDES: " ".join(task_overrides),
-            "slca.sweep_dir": self.sweep_dir,
-            "slca.expected_jobs": str(self.expected_jobs or ""),
-            "mlflow.note.content": (
+            SWEEP: self.sweep_id,
+            ROLE: PARENT_ROLE,
+            SWEPT: json.dumps(sorted(self.swept)),
+            OVERRIDES: " ".join(task_overrides),
+            SWEEP_DIR: self.sweep_dir,
+            EXPECTED_JOBS: str(self.expected_jobs or ""),
+            RUN_NOTE: (
                 f"Sweep {self.sweep_id}: {' '.join(task_overrides)}. Children are the jobs; "
                 "sweep_summary.md lists them."
             ),
@@ -270,7 +218,7 @@ class MlflowSweepCallback(Callback):
                 )
             else:
                 self._tag_child(client, child, job, Redactor.for_config(config))
-            client.set_tag(self.parent_run_id, f"{JOB_TAG_PREFIX}{job['num']:04d}", _record(job))
+            client.set_tag(self.parent_run_id, job_record(job["num"]), _record(job))
             self.jobs[job["num"]] = job
         finally:
             for key, value in self._saved_env.items():
@@ -321,16 +269,12 @@ class MlflowSweepCallback(Callback):
     def _tag_child(self, client: Any, child: Any, job: dict[str, Any], redactor: Redactor) -> None:
         _, values = split_overrides(self._raw_overrides)  # a job's overrides are single values
         tags = {
-            TAG_OVERRIDES: " ".join(job["overrides"]),
-            TAG_JOB: str(job["num"]),
-            TAG_JOB_STATUS: job["status"],
-            TAG_SWEEP: str(self.sweep_id),
-            TAG_ROLE: "child",
-            **{
-                f"{TAG_SWEPT}.{k}": redactor.value(k, v)
-                for k, v in values.items()
-                if k in self.swept
-            },
+            OVERRIDES: " ".join(job["overrides"]),
+            JOB: str(job["num"]),
+            JOB_STATUS: job["status"],
+            SWEEP: str(self.sweep_id),
+            ROLE: CHILD_ROLE,
+            **{swept_tag(k): redactor.value(k, v) for k, v in values.items() if k in self.swept},
         }
         from mlflow.entities import RunTag
 
@@ -343,7 +287,7 @@ class MlflowSweepCallback(Callback):
         """Job records: this process's (basic launcher) merged with those the jobs tagged."""
         jobs = dict(self.jobs)
         for key, value in client.get_run(self.parent_run_id).data.tags.items():
-            if key.startswith(JOB_TAG_PREFIX) and key[len(JOB_TAG_PREFIX) :].isdigit():
+            if is_job_record(key):
                 record = json.loads(value)
                 jobs.setdefault(int(record["num"]), record)
         return jobs
@@ -361,11 +305,11 @@ class MlflowSweepCallback(Callback):
             with tempfile.TemporaryDirectory() as tmp:
                 for path in sweep_runs.write_summary(table, Path(tmp), SUMMARY_NAME):
                     client.log_artifact(self.parent_run_id, str(path))
-            tags = {"slca.jobs.failed": str(len(failed)), "slca.jobs.reported": str(len(jobs))}
+            tags = {JOBS_FAILED: str(len(failed)), JOBS_REPORTED: str(len(jobs))}
             if missing > 0:
                 error = error or f"{missing} of {self.expected_jobs} jobs never reported"
             if error:
-                tags["slca.sweep_error"] = error
+                tags[SWEEP_ERROR] = error
             for key, value in tags.items():
                 client.set_tag(self.parent_run_id, key, value)
             status = "FAILED" if failed or error or missing > 0 else "FINISHED"
@@ -398,7 +342,7 @@ def _expected_jobs(config: DictConfig, task_overrides: list[str]) -> int | None:
     target = str(OmegaConf.select(config, "hydra.sweeper._target_", default=""))
     if not target.endswith("BasicSweeper"):
         return None
-    from slca_exp.config.compose import expand_sweeps
+    from slca_exp.preflight.compose import expand_sweeps
 
     return len(expand_sweeps(task_overrides))
 

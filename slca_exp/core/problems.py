@@ -1,0 +1,42 @@
+"""A problem named by its config key, with its fix; an error that lists every problem at once.
+
+Every check in slca-exp (the config's, the recipe's, an engine's, a launcher's) reports
+:class:`Problem` values; the command line prints a :class:`ConfigError` as one message that lists
+them all and exits with status 2.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong with a config.
+
+    Attributes:
+        key: full dotted key, e.g. ``algorithm.eps``.
+        what: what is wrong.
+        fix: how to fix it.
+
+    """
+
+    key: str
+    what: str
+    fix: str
+
+    def __str__(self) -> str:
+        return f"{self.key}: {self.what}\n    fix: {self.fix}"
+
+
+class ConfigError(Exception):
+    """A config with problems; ``str(err)`` lists all of them."""
+
+    def __init__(self, problems: list[Problem]) -> None:
+        super().__init__(problems)
+        self.problems = problems
+
+    def __str__(self) -> str:
+        n = len(self.problems)
+        head = f"the recipe is invalid ({n} problem{'s' if n != 1 else ''}):"
+        return "\n".join([head, *(f"  {p}".replace("\n", "\n  ") for p in self.problems)])

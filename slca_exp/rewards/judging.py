@@ -1,0 +1,106 @@
+"""What the summary reward asks of a judge: requests, results and the judge protocol.
+
+The summary reward sends one :class:`JudgeRequest` per rollout and reads one
+:class:`JudgeResult` back; any object with the :class:`Judge` methods will do. The judges
+themselves (``slca_exp.judges``: the rubric judge, OpenAI-compatible servers, plugins) implement
+this protocol; they sit above the rewards, which never import them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+LABELS: tuple[str, ...] = ("very poor", "poor", "acceptable", "good", "excellent")
+"""The five rating labels; label ``LABELS[r - 1]`` is rating ``r``."""
+
+STATUSES = ("ok", "short_circuit", "failed")
+
+
+@dataclass(frozen=True)
+class JudgeRequest:
+    """One rollout to rate.
+
+    Attributes:
+        question: the user's question.
+        response_text: the full decoded rollout (``<tool_call>`` and ``<tool_response>`` blocks,
+            final reply).
+        require_tool_response: ``False`` turns off the "no tool response -> 0" short-circuit for
+            this request (the strict reward passes it on irrelevant rows, where not calling a
+            tool was right).
+
+    """
+
+    question: str
+    response_text: str
+    require_tool_response: bool = True
+
+
+@dataclass(frozen=True)
+class JudgeResult:
+    """The judge's verdict on one rollout.
+
+    Attributes:
+        rating: 1-5, or ``None`` when short-circuited or failed.
+        score: ``(rating - 1) / 4``; 0.0 when short-circuited; NaN when failed.
+        status: ``ok`` | ``short_circuit`` | ``failed``.
+        reason: which short-circuit rule, or why it failed (never contains a secret).
+        cached: answered from the persistent cache.
+        latency_ms: time spent on this request (0 for cache hits and short-circuits).
+
+    """
+
+    rating: int | None
+    score: float
+    status: str
+    reason: str = ""
+    cached: bool = False
+    latency_ms: float = 0.0
+
+    @classmethod
+    def rated(cls, rating: int, *, cached: bool = False, latency_ms: float = 0.0) -> JudgeResult:
+        """An ``ok`` result for ``rating`` (1-5)."""
+        return cls(rating, (rating - 1) / 4.0, "ok", LABELS[rating - 1], cached, latency_ms)
+
+    @classmethod
+    def short_circuit(cls, reason: str) -> JudgeResult:
+        """A 0.0 score given by a rule, without asking the judge."""
+        return cls(None, 0.0, "short_circuit", reason)
+
+    @classmethod
+    def failed(cls, reason: str, *, latency_ms: float = 0.0) -> JudgeResult:
+        """A request the judge could not rate (score NaN)."""
+        return cls(None, math.nan, "failed", reason, False, latency_ms)
+
+
+@runtime_checkable
+class Judge(Protocol):
+    """What every judge provides; build one with ``slca_exp.judges.build_judge``."""
+
+    name: str
+
+    async def ascore(self, batch: Sequence[JudgeRequest]) -> list[JudgeResult]:
+        """Rate a batch (awaitable from any event loop); results in request order."""
+        ...
+
+    def score(self, batch: Sequence[JudgeRequest]) -> list[JudgeResult]:
+        """Rate a batch, blocking; works whether or not the calling thread runs a loop."""
+        ...
+
+    def describe(self) -> dict[str, Any]:
+        """The recipe fields of this judge (backend, model, prompt version and hash, ...)."""
+        ...
+
+    def stats(self) -> dict[str, float]:
+        """Counters since construction: requests, short_circuits, cache_hits, failures."""
+        ...
+
+    def close(self) -> None:
+        """Release connections and files (idempotent)."""
+        ...
+
+    def __enter__(self) -> Judge: ...
+
+    def __exit__(self, *exc: object) -> None: ...
