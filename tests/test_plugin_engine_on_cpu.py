@@ -12,7 +12,7 @@ import pytest
 from mlflow import MlflowClient
 
 from slca_exp.core import names
-from tests.plugins.engine_plugin import OPTION, UNLUCKY
+from tests.plugins.lab import COUNTER_OPTION, UNLUCKY
 
 REPO = Path(__file__).resolve().parents[1]
 SLCA_EXE = str(Path(sys.executable).parent / "slca-exp")
@@ -23,7 +23,7 @@ def config_dir(tmp_path_factory) -> Path:
     """A user's config folder holding the plugin engine's option, ``engine/counter.yaml``."""
     folder = tmp_path_factory.mktemp("myconf")
     (folder / "engine").mkdir()
-    (folder / "engine" / "counter.yaml").write_text(OPTION)
+    (folder / "engine" / "counter.yaml").write_text(COUNTER_OPTION)
     return folder
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from slca_exp.core import names
-from tests.plugins import lab_plugin as lab
+from tests.plugins import lab
 
 EXE = shutil.which("slca-exp") or str(Path(sys.executable).parent / "slca-exp")
 REPO = Path(__file__).resolve().parents[1]

@@ -144,7 +144,8 @@ def test_an_unknown_rule_names_the_key():
 
 def test_the_rule_is_recorded_with_the_engine_and_defaults_to_the_papers():
     default = build_recipe(validate(compose_run([])))
-    assert default.engine["rl"]["mask_rule"] == "parity" == default.engine["verl"]["mask_rule"]
+    verl = build_recipe(validate(compose_run(["engine=verl"])))  # engine.verl is verl's own
+    assert default.engine["rl"]["mask_rule"] == "parity" == verl.engine["verl"]["mask_rule"]
     corrected = build_recipe(validate(compose_run(["engine.rl.mask_rule=corrected"])))
     assert corrected.engine["rl"]["mask_rule"] == "corrected"
     assert corrected.fingerprint == default.fingerprint  # the five components are unchanged

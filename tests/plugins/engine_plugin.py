@@ -1,9 +1,9 @@
 """A plugin module (``SLCA_EXP_PLUGINS``) that installs ``counter``: an engine with its own keys.
 
 Its schema extends the engine's with ``engine.counter`` (``steps``, ``value``, each with its field
-check), its option file (written by the test into a ``--config-dir`` folder) merges onto that
-schema, and it has its own check and a ``describe``. It logs ``reward/tool/mean`` =
-``value * step`` for ``steps`` steps: no model, no torch.
+check); its option file (``tests.plugins.lab.COUNTER_OPTION``, written by the test into a
+``--config-dir`` folder) merges onto that schema; it has its own check and a ``describe``. It
+logs ``reward/tool/mean`` = ``value * step`` for ``steps`` steps: no model, no torch.
 """
 
 from dataclasses import dataclass
@@ -13,19 +13,7 @@ from slca_exp.config.schema import EngineConfig
 from slca_exp.core import names
 from slca_exp.core.problems import Problem
 from slca_exp.engines import ENGINES, Engine
-
-OPTION = """\
-defaults:
-  - /schema/engine_counter@_here_
-  - _self_
-
-name: counter
-counter:
-  steps: 3
-"""
-"""``conf/engine/counter.yaml`` of a user's config folder."""
-UNLUCKY = 13.0
-"""The value the engine's own check refuses."""
+from tests.plugins.lab import UNLUCKY
 
 
 @dataclass

@@ -6,6 +6,7 @@ Screenshots are kept in ``test-artifacts/browser/`` (or ``$SLCA_EXP_TEST_ARTIFAC
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import time
@@ -99,8 +100,8 @@ def sweep(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def server(sweep, tmp_path_factory):
-    """``slca-exp ui`` on the sweep's sqlite store, on 127.0.0.1; its base URL."""
+def ui(sweep, tmp_path_factory):
+    """``slca-exp ui`` on the sweep's sqlite store, on 127.0.0.1: (base URL, its process)."""
     port = free_port()
     log = tmp_path_factory.mktemp("mlflow-server") / "server.log"
     args = [SLCA_EXE, "ui", "--tracking-uri", sweep.uri, "--port", str(port)]
@@ -120,7 +121,7 @@ def server(sweep, tmp_path_factory):
         experiment = sweep.parent.info.experiment_id
         assert f"slca-exp ui: MLflow UI on {sweep.uri} at {url}" in log.read_text()
         assert f"{url}/#/experiments/{experiment}\n" in log.read_text()  # each experiment's page
-        yield url
+        yield url, proc
     finally:
         proc.terminate()
         try:
@@ -128,6 +129,12 @@ def server(sweep, tmp_path_factory):
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+@pytest.fixture(scope="module")
+def server(ui):
+    """The base URL of the UI."""
+    return ui[0]
 
 
 @pytest.fixture(scope="module")
@@ -268,8 +275,7 @@ def test_each_experiment_opens_in_the_view_its_kind_tag_names(sweep, server, bro
     try:
         # From the experiments list, in a browser whose view is GenAI (MLflow's default).
         page.goto(f"{server}/#/experiments")
-        name = MlflowClient(sweep.uri).get_experiment(training).name
-        page.get_by_text(name, exact=True).first.click()
+        page.locator(f'a[href="#/experiments/{training}"]').first.click()  # its name, listed
         page.wait_for_url(
             re.compile(rf".*/experiments/{training}/runs\?.*{TRAINING}"), timeout=45_000
         )
@@ -299,3 +305,17 @@ def test_each_experiment_opens_in_the_view_its_kind_tag_names(sweep, server, bro
         shot(page, "view-genai.png")
     finally:
         context.close()
+
+
+def test_the_ui_page_carries_the_routing_script_and_sigterm_stops_the_server(ui):
+    """Last in this file: it stops the module's server."""
+    url, proc = ui
+    page = urllib.request.urlopen(f"{url}/", timeout=10).read().decode()
+    assert page.startswith('<!doctype html><html lang="en"><head><script>')
+    assert '"custom_model_development": "machine_learning"' in page
+    assert "main." in page  # MLflow's own bundle is still loaded
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 0
+    port = int(url.rsplit(":", 1)[1])
+    with socket.socket() as probe:  # the server went with it: nothing listens any more
+        assert probe.connect_ex(("127.0.0.1", port)) != 0
