@@ -20,6 +20,11 @@ import pytest
 
 T = TypeVar("T")
 
+collect_ignore_glob = ["**/*_plugin.py"]
+"""Plugin modules register their entries when imported: only the processes that name them in
+``$SLCA_EXP_PLUGINS`` import them, never the doctest collection of the test process (whose
+registries other tests check)."""
+
 LONGEST_FIRST = (
     "tests/launch/test_slurm.py",
     "tests/launch/test_verl_slurm_on_cpu.py",

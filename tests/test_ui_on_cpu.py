@@ -3,18 +3,17 @@ with the view-routing script, what the script does in a browser and stopping the
 SIGTERM are checked in tests/tracking/test_mlflow_ui_browser.py."""
 
 import socket
-import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from mlflow import MlflowClient
 
+from slca_exp.cli import main
 from slca_exp.core.tags import EXPERIMENT_KIND
 from slca_exp.tracking import lineage
 from slca_exp.ui import server_command
-
-SLCA_EXE = str(Path(sys.executable).parent / "slca-exp")
 
 
 def free_port() -> int:
@@ -32,10 +31,22 @@ def store(tmp_path):
     return uri
 
 
-def ui(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [SLCA_EXE, "ui", *args], cwd=cwd, capture_output=True, text=True, timeout=120
-    )
+@dataclass
+class Answer:
+    returncode: int
+    stderr: str
+
+
+@pytest.fixture
+def ui(capsys, tmp_path, monkeypatch):
+    """``slca-exp ui ARGS`` (the command line's own entry, in this process), run in tmp_path."""
+    monkeypatch.chdir(tmp_path)
+
+    def run(*args: str) -> Answer:
+        status = main(["ui", *args])
+        return Answer(status, capsys.readouterr().err)
+
+    return run
 
 
 def test_the_server_command_serves_the_slca_exp_app_on_the_store(store, tmp_path):
@@ -57,25 +68,25 @@ def test_the_server_command_serves_the_slca_exp_app_on_the_store(store, tmp_path
     ]
 
 
-def test_a_missing_store_is_refused_and_not_created(tmp_path):
+def test_a_missing_store_is_refused_and_not_created(ui, tmp_path):
     db = tmp_path / "none" / "mlflow.db"
-    res = ui("--tracking-uri", f"sqlite:///{db}", cwd=tmp_path)
+    res = ui("--tracking-uri", f"sqlite:///{db}")
     assert res.returncode == 2
     assert f"slca-exp ui: no MLflow store at {db}" in res.stderr
     assert not db.parent.exists()
 
 
-def test_a_tracking_server_is_refused_with_where_its_ui_is(tmp_path):
-    res = ui("--tracking-uri", "http://127.0.0.1:9", cwd=tmp_path)
+def test_a_tracking_server_is_refused_with_where_its_ui_is(ui):
+    res = ui("--tracking-uri", "http://127.0.0.1:9")
     assert res.returncode == 2
     assert "is an MLflow tracking server: open its own UI at http://127.0.0.1:9" in res.stderr
 
 
-def test_a_port_in_use_is_refused_naming_the_flag(store, tmp_path):
+def test_a_port_in_use_is_refused_naming_the_flag(ui, store):
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        res = ui("--tracking-uri", store, "--port", str(port), cwd=tmp_path)
+        res = ui("--tracking-uri", store, "--port", str(port))
     assert res.returncode == 2
     assert f"slca-exp ui: port {port} on 127.0.0.1 is in use: pass --port" in res.stderr
