@@ -17,11 +17,9 @@ $(PY):
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --upgrade pip
 
-# --no-compile: byte-compiling all ~23k installed modules takes over a minute on 2 cores;
-# Python compiles the modules a run imports when it first imports them.
 $(STAMP): pyproject.toml | $(PY)
-	$(PY) -m pip install --no-compile $(TORCH)
-	$(PY) -m pip install --no-compile -e '.[dev,verl]'
+	$(PY) -m pip install $(TORCH)
+	$(PY) -m pip install -e '.[dev,verl]'
 	touch $(STAMP)
 
 # The default experiment (experiment=smoke): SFT then SLCA-GRPO on a synthetic split, on CPU.
