@@ -159,6 +159,17 @@ def hash_of(page) -> str:
     return page.evaluate("location.hash")
 
 
+def wait_for_hash(page, pattern: str, timeout_ms: int = 45_000) -> None:
+    """Wait until the page's location hash matches ``pattern`` (a JavaScript regex).
+
+    The UI moves between its views with the history API and hash changes, which do not all
+    reach Playwright as navigations; the hash itself is polled instead.
+    """
+    page.wait_for_function(
+        "pattern => new RegExp(pattern).test(location.hash)", arg=pattern, timeout=timeout_ms
+    )
+
+
 def shot(page, name: str) -> Path:
     path = ARTIFACTS / "browser" / name
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -276,16 +287,14 @@ def test_each_experiment_opens_in_the_view_its_kind_tag_names(sweep, server, bro
         # From the experiments list, in a browser whose view is GenAI (MLflow's default).
         page.goto(f"{server}/#/experiments")
         page.locator(f'a[href="#/experiments/{training}"]').first.click()  # its name, listed
-        page.wait_for_url(
-            re.compile(rf".*/experiments/{training}/runs\?.*{TRAINING}"), timeout=45_000
-        )
+        wait_for_hash(page, rf"^#/experiments/{training}/runs\?.*{TRAINING}")
         page.get_by_text("Model registry").first.wait_for(timeout=15_000)
         shot(page, "view-training.png")
 
         # An experiment without a kind keeps the browser's choice (GenAI here), unrouted.
         page.goto(f"{server}/#/experiments/{sweep.untagged}")
         page.reload()  # the UI reads the browser's choice when it starts
-        page.wait_for_url(re.compile(rf".*/experiments/{sweep.untagged}/.*{GENAI}"), timeout=45_000)
+        wait_for_hash(page, rf"^#/experiments/{sweep.untagged}/.*{GENAI}")
         time.sleep(ROUTING_S)
         assert TRAINING not in hash_of(page) and "Model registry" not in page.inner_text("body")
 
@@ -299,7 +308,7 @@ def test_each_experiment_opens_in_the_view_its_kind_tag_names(sweep, server, bro
         page.evaluate(f"localStorage.setItem({VIEW_KEY!r}, JSON.stringify('machine_learning'))")
         page.goto(f"{server}/#/experiments/{sweep.genai}")
         page.reload()
-        page.wait_for_url(re.compile(rf".*/experiments/{sweep.genai}.*{GENAI}"), timeout=45_000)
+        wait_for_hash(page, rf"^#/experiments/{sweep.genai}.*{GENAI}")
         time.sleep(ROUTING_S)
         assert GENAI in hash_of(page) and "Model registry" not in page.inner_text("body")
         shot(page, "view-genai.png")
