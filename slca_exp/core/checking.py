@@ -29,11 +29,8 @@ def may_create() -> bool:
 @contextmanager
 def creating_nothing() -> Iterator[None]:
     """Run the checks of the block without generating data or building checkpoints."""
-    token = _CREATING.set(False)
-    try:
+    with _holding(_CREATING, False):
         yield
-    finally:
-        _CREATING.reset(token)
 
 
 def runs_here() -> bool:
@@ -49,8 +46,15 @@ def runs_here() -> bool:
 @contextmanager
 def on_this_host() -> Iterator[None]:
     """Within the block, the checks may judge this host's resources (:func:`runs_here`)."""
-    token = _HERE.set(True)
+    with _holding(_HERE, True):
+        yield
+
+
+@contextmanager
+def _holding(var: ContextVar[bool], value: bool) -> Iterator[None]:
+    """``var`` holds ``value`` within the block (nested blocks restore the outer value)."""
+    token = var.set(value)
     try:
         yield
     finally:
-        _HERE.reset(token)
+        var.reset(token)

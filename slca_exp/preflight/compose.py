@@ -30,7 +30,7 @@ from omegaconf.errors import OmegaConfBaseException
 from slca_exp.config.schema import EngineConfig
 from slca_exp.core.problems import ConfigError, Problem
 from slca_exp.engines import ENGINES, engine_schema  # stores each engine's schema for Hydra
-from slca_exp.preflight.keys import schema_at, unknown_path_problem, user_type
+from slca_exp.preflight.keys import field_names, schema_at, unknown_path_problem, user_type
 from slca_exp.preflight.validate import engine_schema_of, problems_of
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "conf"
@@ -267,7 +267,7 @@ def _unknown(key: str, engine: type[EngineConfig]) -> Problem:
             name
             for name in ENGINES
             if (owner := schema_at(parent, engine_schema(name, ENGINES))) is not None
-            and leaf in (f.name for f in dataclasses.fields(owner))
+            and leaf in field_names(owner)
         ]
         if owners:
             pick = " or ".join(f"engine={n}" for n in owners)

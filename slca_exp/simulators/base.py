@@ -158,9 +158,9 @@ class SimulatorBase(ABC):
         return type(self).describe_config(self.cfg)
 
     @classmethod
+    @abstractmethod
     def describe_config(cls, cfg: Any) -> dict[str, Any]:  # noqa: ANN401
         """The recipe fields of the simulator ``cfg`` would build (cheap: no network)."""
-        raise NotImplementedError
 
     @classmethod
     def prompt_text(cls, cfg: Any) -> str | None:  # noqa: ANN401
