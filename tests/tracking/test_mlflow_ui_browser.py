@@ -170,6 +170,16 @@ def wait_for_hash(page, pattern: str, timeout_ms: int = 45_000) -> None:
     )
 
 
+def open_anew(page, url: str) -> None:
+    """Load ``url`` as a new document: the UI starts afresh, as in a new tab.
+
+    A ``goto`` that changes only the hash stays in the running UI, which may still be moving
+    to the last view's URL; a reload then would reload that one.
+    """
+    page.goto("about:blank")
+    page.goto(url)
+
+
 def shot(page, name: str) -> Path:
     path = ARTIFACTS / "browser" / name
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -292,22 +302,19 @@ def test_each_experiment_opens_in_the_view_its_kind_tag_names(sweep, server, bro
         shot(page, "view-training.png")
 
         # An experiment without a kind keeps the browser's choice (GenAI here), unrouted.
-        page.goto(f"{server}/#/experiments/{sweep.untagged}")
-        page.reload()  # the UI reads the browser's choice when it starts
+        open_anew(page, f"{server}/#/experiments/{sweep.untagged}")
         wait_for_hash(page, rf"^#/experiments/{sweep.untagged}/.*{GENAI}")
         time.sleep(ROUTING_S)
         assert TRAINING not in hash_of(page) and "Model registry" not in page.inner_text("body")
 
         # An explicit choice (a link, the switch) is left alone.
-        page.goto(f"{server}/#/experiments/{training}?{GENAI}")
-        page.reload()
+        open_anew(page, f"{server}/#/experiments/{training}?{GENAI}")
         time.sleep(ROUTING_S)
         assert GENAI in hash_of(page) and TRAINING not in hash_of(page), hash_of(page)
 
         # The browser last chose Model training; a GenAI experiment still opens as GenAI.
         page.evaluate(f"localStorage.setItem({VIEW_KEY!r}, JSON.stringify('machine_learning'))")
-        page.goto(f"{server}/#/experiments/{sweep.genai}")
-        page.reload()
+        open_anew(page, f"{server}/#/experiments/{sweep.genai}")
         wait_for_hash(page, rf"^#/experiments/{sweep.genai}.*{GENAI}")
         time.sleep(ROUTING_S)
         assert GENAI in hash_of(page) and "Model registry" not in page.inner_text("body")

@@ -143,7 +143,8 @@ def tracker():
 
 
 def test_a_locked_write_is_retried_then_spooled_and_every_step_lands_once(tracker, monkeypatch):
-    monkeypatch.setattr(store_module, "LOCKED_RETRY_S", 0.2)
+    # A budget that three failed writes cannot outlast on the slowest machine
+    monkeypatch.setattr(store_module, "LOCKED_RETRY_S", 60.0)
     client = tracker.client
     real = client.log_batch
     locked = {"left": 3}  # the next three writes meet a locked database
@@ -159,6 +160,7 @@ def test_a_locked_write_is_retried_then_spooled_and_every_step_lands_once(tracke
     assert locked["left"] == 0 and len(tracker.spool) == 0
 
     locked["left"] = 10**6  # the store stays locked past the retry budget: steps are spooled
+    monkeypatch.setattr(store_module, "LOCKED_RETRY_S", 0.2)
     tracker.log_metrics({"loss": 2.0}, 1)
     tracker.log_metrics({"loss": 3.0}, 2)
     assert len(tracker.spool) == 2

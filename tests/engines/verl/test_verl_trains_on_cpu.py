@@ -177,7 +177,7 @@ def verl_run(tool_caller, tmp_path_factory):
             "data.seed=0",
             f"engine.verl.train_batch_size={PROMPTS}",
             f"algorithm.group_size={GROUP}",
-            "engine.verl.ppo_mini_batch_size=2",  # two updates per step
+            "engine.verl.ppo_mini_batch_size=2",  # two mini-batches per step, each seen twice:
             f"engine.verl.total_training_steps={STEPS}",
             "engine.verl.total_epochs=3",
             "engine.verl.lr=1e-3",
@@ -187,6 +187,7 @@ def verl_run(tool_caller, tmp_path_factory):
             # each take every core stall one another (the actor update measured 10x slower)
             f"engine.verl.overrides=['trainer.rollout_data_dir={rollout_dir}',"
             "'trainer.val_before_train=false',"
+            "'actor_rollout_ref.actor.ppo_epochs=2',"  # four updates per step
             "'ray_kwargs.ray_init.runtime_env.env_vars.OMP_NUM_THREADS=1',"
             "'ray_kwargs.ray_init.runtime_env.env_vars.MKL_NUM_THREADS=1']",
             "reward.judge_failure=absent",
