@@ -8,6 +8,8 @@
                      [--out DIR] [--ui-url URL]  table, plots and MLflow compare link of a sweep
     slca-exp ui [--tracking-uri URI] [--host HOST] [--port PORT]  MLflow's UI on the runs'
                 store, each experiment in its own view (training runs: Model training)
+    slca-exp serve up service=NAME [launcher=PROFILE] | status | down NAME  the frozen judge and
+                   simulator as SLURM jobs, recorded in the service registry
     slca-exp data synth --out DIR [--rows N] [--seed S]  write the seeded synthetic split
 
 Each command answers --help. train and validate accept Hydra's own flags (``--config-dir``,
@@ -87,8 +89,9 @@ options:
   -h, --help       this help
 """
 
-_HIDDEN_GROUPS = ("schema",)
-"""Config groups that are internal (the schemas YAML options merge onto)."""
+_HIDDEN_GROUPS = ("schema", "service")
+"""Config groups a run does not pick: internal (the schemas YAML options merge onto), or read by
+another command (``service``: ``slca-exp serve up``)."""
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -126,6 +129,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from slca_exp.data.cli import main as data
 
         return data(rest)
+    if command == "serve":
+        from slca_exp.serve.cli import main as serve
+
+        return serve(rest)
     print(f"slca-exp: unknown command {command!r}\nusage:\n{USAGE}", file=sys.stderr)
     return EXIT_BAD_CONFIG
 

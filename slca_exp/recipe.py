@@ -17,6 +17,7 @@ import json
 import os
 import re
 import subprocess
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, is_dataclass, replace
 from importlib import metadata
 from pathlib import Path
@@ -71,6 +72,9 @@ class Recipe:
             ``prompt_sha256``) and ``version`` (None until the MLflow tracker registered it). Not
             part of the fingerprint: a version number belongs to one store.
         prompt_texts: the registered texts (not in :meth:`to_dict`; the registry keeps them).
+        endpoints: ``judge`` / ``simulator`` -> the URL of the service (``slca-exp serve``) it
+            was resolved to at job start. Not part of the fingerprint: the same service may
+            answer elsewhere after a restart; its identity is in the component.
 
     """
 
@@ -88,6 +92,7 @@ class Recipe:
     fingerprint: str
     prompts: dict[str, dict[str, Any]] = field(default_factory=dict)
     prompt_texts: dict[str, str] = field(default_factory=dict, repr=False, compare=False)
+    endpoints: dict[str, str] = field(default_factory=dict)
 
     @property
     def short_fingerprint(self) -> str:
@@ -130,19 +135,26 @@ class Recipe:
         }
 
 
-def build_recipe(config: RunConfig) -> Recipe:
+def build_recipe(config: RunConfig, served: Mapping[str, Any] | None = None) -> Recipe:
     """The recipe of a validated config.
+
+    Args:
+        config: the validated config.
+        served: ``judge`` / ``simulator`` -> the service it was resolved to
+            (:func:`slca_exp.services.served.resolve_services`): its identity joins the
+            component (and the fingerprint), its endpoint :attr:`Recipe.endpoints`.
 
     Raises:
         ConfigError: a component cannot be completed (every such problem, each naming its key).
 
     """
     problems: list[Problem] = []
+    served = dict(served or {})
     components = {
         "backbone": _backbone(config, problems),
         "reward": _reward(config),
-        "judge": _service("judge", config.judge, problems),
-        "simulator": _service("simulator", config.simulator, problems),
+        "judge": _service("judge", config.judge, problems, served.get("judge")),
+        "simulator": _service("simulator", config.simulator, problems, served.get("simulator")),
         "data": _data(config, problems),
     }
     if problems:
@@ -159,6 +171,7 @@ def build_recipe(config: RunConfig) -> Recipe:
         fingerprint=fingerprint(components),
         prompts=prompts,
         prompt_texts=texts,
+        endpoints={group: found.record.base_url for group, found in served.items()},
     )
 
 
@@ -286,15 +299,23 @@ def _reward(config: RunConfig) -> dict[str, Any]:
     }
 
 
-def _service(group: str, svc: ServiceConfig, problems: list[Problem]) -> dict[str, Any]:
-    """The judge's or simulator's description, as its own package gives it."""
+def _service(
+    group: str,
+    svc: ServiceConfig,
+    problems: list[Problem],
+    served: Any = None,  # noqa: ANN401 - a services.served.Resolved
+) -> dict[str, Any]:
+    """The judge's or simulator's description, as its own package gives it.
+
+    With the identity of the service it is served by (``slca-exp serve``), when it names one.
+    """
     # Imported here: only recipe building needs them, and they pull in the HTTP client.
     if group == "judge":
         from slca_exp.judges import describe_judge as describe
     else:
         from slca_exp.simulators import describe_simulator as describe
     try:
-        return dict(describe(svc))
+        described = dict(describe(svc))
     except FileNotFoundError as err:
         what = f"file {err.filename!r} does not exist" if err.filename else str(err)
         problems.append(
@@ -305,6 +326,9 @@ def _service(group: str, svc: ServiceConfig, problems: list[Problem]) -> dict[st
             )
         )
         return {"name": svc.name, "backend": svc.backend}
+    if served is not None:
+        described["service"] = served.identity()
+    return described
 
 
 def prompt_registry_name(group: str, description: dict[str, Any]) -> str:
@@ -397,6 +421,8 @@ def _service_tag(s: dict[str, Any]) -> str:
         tag += f":{s['model']}"
     if s.get("prompt_version"):
         tag += f"@{s['prompt_version']}"
+    if isinstance(s.get("service"), dict):  # served by `slca-exp serve`: which service
+        tag += f" via {s['service']['name']}@{str(s['service']['fingerprint'])[:12]}"
     return tag
 
 

@@ -20,6 +20,12 @@ import pytest
 
 T = TypeVar("T")
 
+# One intra-op thread per process: the suite runs two workers on two cores, and each spawns
+# torch processes (CLI runs, SLURM jobs, verl's workers). Tiny models gain little from a second
+# thread, while processes whose OpenMP threads outnumber the cores stall one another.
+for _variable in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_variable, "1")
+
 collect_ignore_glob = ["**/*_plugin.py"]
 """Plugin modules register their entries when imported: only the processes that name them in
 ``$SLCA_EXP_PLUGINS`` import them, never the doctest collection of the test process (whose

@@ -103,6 +103,17 @@ class ServiceConfig:
     backend: str = param("", "implementation (see the group's options)")
     model: str | None = param(None, "served model name (HTTP backends)")
     base_url: str | None = param(None, "OpenAI-compatible endpoint, e.g. http://host:8000/v1")
+    service: str | None = param(
+        None,
+        "a service started with `slca-exp serve up` (its registry name): the run finds its "
+        "endpoint at job start and checks what it serves; base_url is then ignored",
+    )
+    service_registry: str | None = param(
+        None, "the service registry folder; null: $SLCA_EXP_SERVICES, else ~/.slca-exp/services"
+    )
+    service_wait_s: float = param(
+        600.0, "how long a job waits at start for its service to answer", gt=0, finite=True
+    )
     api_key_env: str | None = param(None, "NAME of the env var holding the API key (never the key)")
     prompt: str | None = param(
         None, "prompt template: a file, or a name in the package's prompts/ (sha256 recorded)"

@@ -32,11 +32,12 @@ class Problem:
 class ConfigError(Exception):
     """A config with problems; ``str(err)`` lists all of them."""
 
-    def __init__(self, problems: list[Problem]) -> None:
+    def __init__(self, problems: list[Problem], subject: str = "the recipe") -> None:
         super().__init__(problems)
         self.problems = problems
+        self.subject = subject
 
     def __str__(self) -> str:
         n = len(self.problems)
-        head = f"the recipe is invalid ({n} problem{'s' if n != 1 else ''}):"
+        head = f"{self.subject} is invalid ({n} problem{'s' if n != 1 else ''}):"
         return "\n".join([head, *(f"  {p}".replace("\n", "\n  ") for p in self.problems)])

@@ -3,7 +3,8 @@
     Recipe.tags()             -> BACKBONE, REWARD, JUDGE, SIMULATOR, DATA, ESTIMATOR, FINGERPRINT,
                                  SWEEP on every run (short labels; recipe.json holds the rest)
     the sweep callback        -> parent: SWEEP, ROLE, SWEPT, OVERRIDES, SWEEP_DIR, EXPECTED_JOBS,
-                                 job_record(n), JOBS_FAILED, JOBS_REPORTED, SWEEP_ERROR;
+                                 job_record(n), JOBS_FAILED, JOBS_REPORTED, SWEEP_ERROR,
+                                 SERVICE_TAGS;
                                  children: SWEEP, ROLE, JOB, JOB_STATUS, OVERRIDES, swept_tag(key)
     the engines and trackers  -> STAGE, RESUMED, outage_tag(service), MLflow's own tags below
     lineage                   -> PROMPT_SHA256 on prompt versions; FINGERPRINT and MODEL_PATH
@@ -49,6 +50,11 @@ JOB_RECORD_PREFIX: Final = "slca.jobs."
 JOBS_FAILED: Final = "slca.jobs.failed"
 JOBS_REPORTED: Final = "slca.jobs.reported"
 SWEEP_ERROR: Final = "slca.sweep_error"
+JUDGE_SERVICE: Final = "slca.service.judge"
+SIMULATOR_SERVICE: Final = "slca.service.simulator"
+SERVICE_TAGS: Final[dict[str, str]] = {"judge": JUDGE_SERVICE, "simulator": SIMULATOR_SERVICE}
+"""Parent tags: the service (``slca-exp serve``) every job of the sweep resolves its judge or
+simulator to, as ``<name>@<fingerprint, 12 hex digits>`` (the name alone before it answers)."""
 
 STAGE: Final = "slca.stage"
 SFT_STAGE: Final = "sft"
@@ -132,6 +138,8 @@ TAGS: Final[dict[str, str]] = {
     JOBS_FAILED: "parent: jobs that failed",
     JOBS_REPORTED: "parent: jobs that reported",
     SWEEP_ERROR: "parent: why the sweep ended FAILED",
+    JUDGE_SERVICE: "parent: the judge service every job resolves (name@fingerprint)",
+    SIMULATOR_SERVICE: "parent: the simulator service every job resolves (name@fingerprint)",
     STAGE: f"'{SFT_STAGE}' on the verl engine's SFT run",
     RESUMED: "'true' on a run a requeued job resumed",
     f"{OUTAGE_PREFIX}<service>": "the RL steps in which every judge or simulator request failed",

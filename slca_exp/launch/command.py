@@ -23,6 +23,8 @@ from slca_exp.launch.profiles import DEFAULT, GROUP, LauncherProfile, hydra_over
 from slca_exp.preflight.compose import CONFIG_DIR
 
 STUDY_GROUP = "sweep"
+SERVICE_GROUP = "service"
+"""The group of ``slca-exp serve up`` (service definitions): not a run's."""
 
 
 @dataclass
@@ -51,6 +53,15 @@ def plan(overrides: Sequence[str], extra_config_dirs: Sequence[str] = ()) -> Pla
             name = item.split("=", 1)[1]
         elif key.startswith(f"{GROUP}."):
             tweaks.append(item)
+        elif key.lstrip("+~") == SERVICE_GROUP or key.startswith(f"{SERVICE_GROUP}."):
+            problems.append(
+                Problem(
+                    key,
+                    "a service is started by `slca-exp serve up`, not by a run",
+                    f"start it: slca-exp serve up {item}; then name it in the run: "
+                    "judge.service=<its name> (or simulator.service=...)",
+                )
+            )
         else:
             rest.append(item)
     if "," in name:

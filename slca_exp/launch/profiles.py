@@ -10,24 +10,20 @@ the override grammar. Adding a cluster is adding one YAML file.
 
 from __future__ import annotations
 
-import dataclasses
 import shutil
 import subprocess
 import sys
-import typing
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
+from omegaconf import OmegaConf
 
-from slca_exp.config.fields import check_of, param
+from slca_exp.config.fields import param
 from slca_exp.core.problems import Problem
 from slca_exp.launch.filesystems import filesystem_type, is_network
-from slca_exp.preflight.compose import CONFIG_DIR
-from slca_exp.preflight.keys import unknown_key_problem
+from slca_exp.preflight.options import load_option, option_names
 
 KINDS = ("basic", "submitit_local", "submitit_slurm")
 GROUP = "launcher"
@@ -69,7 +65,7 @@ class LauncherProfile:
 
 def profile_names(extra_config_dirs: Sequence[str] = ()) -> list[str]:
     """Every profile found in the packaged tree and the user's config folders."""
-    return sorted({p.stem for d in _dirs(extra_config_dirs) for p in d.glob("*.yaml")})
+    return option_names(GROUP, extra_config_dirs)
 
 
 def load_profile(
@@ -86,27 +82,11 @@ def load_profile(
         ``(profile, [])`` or ``(None, every problem)``, each naming ``launcher.<key>``.
 
     """
-    path = next(
-        (d / f"{name}.yaml" for d in _dirs(extra_config_dirs) if (d / f"{name}.yaml").is_file()),
-        None,
-    )
-    if path is None:
-        known = ", ".join(profile_names(extra_config_dirs))
-        return None, [
-            Problem(
-                GROUP,
-                f"no cluster profile {name!r}",
-                f"choose one of: {known}, or add launcher/{name}.yaml to a --config-dir folder",
-            )
-        ]
-    node = OmegaConf.load(path)
-    problems = [p for o in overrides if (p := _apply(node, o)) is not None]
-    problems += _field_problems(node)
+    profile, problems = load_option(GROUP, LauncherProfile, name, overrides, extra_config_dirs)
+    if profile is None:
+        return None, problems
     # The cross checks still run on the good fields (a bad one falls back to its default), so
     # that one pass reports everything.
-    bad = {p.key.removeprefix(f"{GROUP}.") for p in problems}
-    good = {k: node[k] for k in node if k not in bad}
-    profile = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(LauncherProfile), good))
     problems += cross_problems(profile)
     return (None, problems) if problems else (profile, [])
 
@@ -302,49 +282,3 @@ def hydra_overrides(name: str, profile: LauncherProfile) -> list[str]:
         )
     ConfigStore.instance().store(group="hydra/launcher", name=f"slca_{name}", node=node)
     return [f"hydra/launcher=slca_{name}"]
-
-
-def _dirs(extra_config_dirs: Sequence[str]) -> list[Path]:
-    return [Path(d) / GROUP for d in extra_config_dirs] + [CONFIG_DIR / GROUP]
-
-
-def _apply(node: DictConfig, override: str) -> Problem | None:
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.errors import HydraException
-
-    try:
-        (parsed,) = OverridesParser.create().parse_overrides([override])
-    except HydraException as err:
-        return Problem(override.split("=")[0], str(err).splitlines()[0], "fix the override")
-    leaf = parsed.key_or_group.removeprefix(f"{GROUP}.")
-    if leaf not in _fields():
-        return unknown_key_problem(parsed.key_or_group, LauncherProfile)
-    node[leaf] = parsed.value()
-    return None
-
-
-def _field_problems(node: DictConfig) -> list[Problem]:
-    """Unknown keys, wrong types and out-of-range values, each naming ``launcher.<key>``."""
-    problems = []
-    hints = typing.get_type_hints(LauncherProfile)
-    for leaf in node:
-        key = f"{GROUP}.{leaf}"
-        if leaf not in _fields():
-            problems.append(unknown_key_problem(key, LauncherProfile))
-            continue
-        try:
-            value = node[leaf]
-            OmegaConf.merge(OmegaConf.structured(LauncherProfile), {leaf: value})
-        except OmegaConfBaseException as err:
-            what = str(err).splitlines()[0]
-            hint = getattr(hints[leaf], "__name__", str(hints[leaf]))
-            problems.append(Problem(key, what, f"give {key} a value of the type {hint}"))
-            continue
-        found = (check := check_of(LauncherProfile, leaf)) and check.problem(value)
-        if found:
-            problems.append(Problem(key, found[0], found[1]))
-    return problems
-
-
-def _fields() -> set[str]:
-    return {f.name for f in dataclasses.fields(LauncherProfile)}

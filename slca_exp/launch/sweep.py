@@ -34,6 +34,7 @@ import os
 import secrets
 import tempfile
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +53,7 @@ from slca_exp.core.tags import (
     PARENT_ROLE,
     ROLE,
     RUN_NOTE,
+    SERVICE_TAGS,
     SWEEP,
     SWEEP_DIR,
     SWEEP_ERROR,
@@ -156,6 +158,7 @@ class MlflowSweepCallback(Callback):
                 "sweep_summary.md lists them."
             ),
         }
+        tags |= service_tags(config, swept=self.swept)
         run = client.create_run(self.experiment_id, run_name=self.sweep_id, tags=tags)
         self.parent_run_id = run.info.run_id
         params = {**fixed, **self.swept}
@@ -335,6 +338,25 @@ class MlflowSweepCallback(Callback):
         """``atexit``: the multirun stopped before ``on_multirun_end``; end the parent FAILED."""
         if self.parent_run_id is not None:
             self._finish(error="the multirun stopped before all jobs returned")
+
+
+def service_tags(config: DictConfig, swept: Mapping[str, object] = ()) -> dict[str, str]:
+    """The parent's tags naming the services (``slca-exp serve``) the sweep's jobs share.
+
+    A service every job names (not a ``swept`` key) is the registry's record now, the one the
+    jobs find: ``<name>@<fingerprint>``. A swept one is recorded by each job's run only.
+    """
+    from slca_exp.services.served import ServiceRegistry, registry_folder
+
+    found = {}
+    for group, tag in SERVICE_TAGS.items():
+        name = OmegaConf.select(config, f"{group}.service")
+        if not name or f"{group}.service" in swept:
+            continue
+        folder = registry_folder(OmegaConf.select(config, f"{group}.service_registry"))
+        record = ServiceRegistry(folder).record(str(name))
+        found[tag] = f"{name}@{record.fingerprint[:12]}" if record is not None else str(name)
+    return found
 
 
 def _expected_jobs(config: DictConfig, task_overrides: list[str]) -> int | None:

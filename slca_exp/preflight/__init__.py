@@ -59,12 +59,20 @@ def check_run(
     from slca_exp.plugins import load_plugins
     from slca_exp.preflight.validate import validate
     from slca_exp.recipe import build_recipe
+    from slca_exp.services.served import resolve_services
 
     load_plugins()  # a job may run in a fresh process (submitit, SLURM): register plugins there
     config = validate(cfg)
     problems = [] if may_create() else pending_problems(config)
     try:
-        recipe = build_recipe(config)
+        # At job start (may_create), wait for each named service and check what it serves;
+        # before submitting, only read the registry.
+        served = resolve_services(config, wait=may_create())
+    except ConfigError as err:
+        problems += err.problems
+        served = {}
+    try:
+        recipe = build_recipe(config, served=served)
     except ConfigError as err:
         raise ConfigError([*problems, *err.problems]) from None
     if problems:

@@ -16,6 +16,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from slca_exp.core.problems import Problem
 from slca_exp.registry import Registry
+from slca_exp.services.definition import NAME_PATTERN
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -127,6 +128,10 @@ def url_credentials(url: str) -> str | None:
     return f"the query parameter {query.group('name')}" if query else None
 
 
+_SERVED_OPTION = {"judge": "judge=openai", "simulator": "simulator=sgls"}
+"""The shipped option of each group whose backend asks a served model."""
+
+
 def _check_service(group: str) -> Any:  # noqa: ANN401
     def check(service: DictConfig) -> list[Problem]:
         problems = []
@@ -163,11 +168,33 @@ def _check_service(group: str) -> Any:  # noqa: ANN401
                     f"{group}.api_key_env=MY_API_KEY (it is sent as Authorization: Bearer)",
                 )
             )
-        if not is_remote(group, service.backend):
-            return problems
         backends = service_backends(group)
         local = " | ".join(n for n in backends.names() if not backends.get(n).remote)
+        if service.service and not is_remote(group, service.backend):
+            problems.append(
+                Problem(
+                    f"{group}.service",
+                    f"{group}.backend={service.backend} asks no server, so it cannot use the "
+                    f"service {service.service!r}",
+                    f"pick an option that asks a served model ({_SERVED_OPTION[group]}) and "
+                    f"give the model the service serves ({group}.model=...), or set "
+                    f"{group}.service=null",
+                )
+            )
+        if service.service and not NAME_PATTERN.fullmatch(str(service.service)):
+            problems.append(
+                Problem(
+                    f"{group}.service",
+                    f"{service.service!r} is not a service's registry name (letters, digits, "
+                    "_ . -)",
+                    "give the name `slca-exp serve status` lists",
+                )
+            )
+        if not is_remote(group, service.backend):
+            return problems
         for key, example in (("model", "my-model"), ("base_url", "http://127.0.0.1:8000/v1")):
+            if key == "base_url" and service.service:
+                continue  # the service's record gives it, at job start
             if not service[key]:
                 problems.append(
                     Problem(

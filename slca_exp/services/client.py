@@ -27,12 +27,13 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import functools
 import json
 import logging
 import os
 import threading
 import time
-from collections.abc import Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -135,6 +136,8 @@ class ChatClient:
         backoff_s: base delay in seconds.
         concurrency: requests in flight at once (also the connection-pool size).
         config_key: the config group, used in error messages (``judge``, ``simulator``).
+        locate: where the server is now (its base URL), asked again after a request found
+            nobody answering: a service restarted by ``slca-exp serve up`` may answer elsewhere.
 
     """
 
@@ -150,6 +153,7 @@ class ChatClient:
         backoff_s: float = 1.0,
         concurrency: int = 8,
         config_key: str = "service",
+        locate: Callable[[], str | None] | None = None,
     ) -> None:
         if backoff not in ("linear", "exponential"):
             raise ServiceError(
@@ -164,6 +168,7 @@ class ChatClient:
         self.backoff_s = float(backoff_s)
         self.concurrency = int(concurrency)
         self.config_key = config_key
+        self.locate = locate
         self._loop: LoopThread | None = None
         self._http: aiohttp.ClientSession | None = None
         self._sem: asyncio.Semaphore | None = None
@@ -172,6 +177,11 @@ class ChatClient:
     @classmethod
     def from_config(cls, cfg: Any, config_key: str) -> ChatClient:  # noqa: ANN401
         """Build from a service config (``judge`` or ``simulator`` group)."""
+        locate = None
+        if getattr(cfg, "service", None):
+            from slca_exp.services.served import current_base_url
+
+            locate = functools.partial(current_base_url, cfg.service_registry, cfg.service)
         return cls(
             base_url=cfg.base_url,
             model=cfg.model,
@@ -182,6 +192,7 @@ class ChatClient:
             backoff_s=cfg.backoff_s,
             concurrency=cfg.concurrency,
             config_key=config_key,
+            locate=locate,
         )
 
     def __repr__(self) -> str:
@@ -299,6 +310,8 @@ class ChatClient:
             if content is not None:
                 # A server that echoes its headers must not smuggle the key into results/cache.
                 return Completion(scrub(content, key), "", attempt, _ms(start))
+            if retry:
+                self._relocate()
             if not retry or attempt > self.max_retries:
                 break
             await asyncio.sleep(self._delay(attempt))
@@ -306,6 +319,20 @@ class ChatClient:
         error = scrub(f"{reason}{tail}", key)
         log.warning("%s request failed: %s", self.config_key, error)
         return Completion(None, error, attempt, _ms(start))
+
+    def _relocate(self) -> None:
+        """Follow the server to where :attr:`locate` says it is now (a quick file read)."""
+        if self.locate is None:
+            return
+        try:
+            base = self.locate()
+        except (OSError, ValueError) as err:
+            log.warning("%s: could not look up the service's endpoint: %s", self.config_key, err)
+            return
+        url = base.rstrip("/") + "/chat/completions" if base else None
+        if url and url != self.url:
+            log.warning("%s: the service now answers at %s", self.config_key, base)
+            self.url = url
 
     async def _attempt(self, body: bytes, headers: dict[str, str]) -> tuple[str | None, str, bool]:
         """One HTTP attempt: ``(content, reason, retryable)``."""

@@ -30,6 +30,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -49,7 +50,17 @@ DIRECTIVE = "[loopback:"
 _DIRECTIVE_BYTES = DIRECTIVE.encode()
 GARBAGE = ("", "not_json", "no_choices")
 _HANGUPS = (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError, ValueError)
-_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 429: "Too Many Requests"}
+_REASONS = {
+    200: "OK",
+    400: "Bad Request",
+    401: "Unauthorized",
+    404: "Not Found",
+    429: "Too Many Requests",
+}
+DEFAULT_MODEL = "loopback"
+"""The model id a server lists when it is given none."""
+VERSION = "loopback-1"
+"""What ``GET /version`` answers (vLLM answers its version there)."""
 
 
 @dataclass
@@ -113,6 +124,11 @@ class LoopbackServer:
         route: optional per-request behaviour, see the module docstring.
         host: must stay a loopback address.
         port: 0 picks a free port.
+        models: the model ids ``GET /v1/models`` lists (as vLLM's server does), each with
+            ``max_model_len``; ``GET /version`` answers :data:`VERSION`.
+        max_model_len: the context length the model cards report.
+        api_key: when set, every request must carry ``Authorization: Bearer <api_key>`` (else
+            HTTP 401), as a vLLM server started with a key requires.
 
     """
 
@@ -123,8 +139,12 @@ class LoopbackServer:
         route: Callable[[RecordedRequest], Behaviour | None] | None = None,
         host: str = "127.0.0.1",
         port: int = 0,
+        models: tuple[str, ...] = (DEFAULT_MODEL,),
+        max_model_len: int | None = None,
+        api_key: str | None = None,
     ) -> None:
         self.behaviour = behaviour or Behaviour()
+        self.models, self.max_model_len, self._api_key = tuple(models), max_model_len, api_key
         self.route = route
         self.host, self.port = host, port
         self.requests: list[RecordedRequest] = []
@@ -209,6 +229,12 @@ class LoopbackServer:
         if request.method == "GET" and request.path.endswith("/loopback/stats"):
             stats = {"requests": len(self.completions), "max_in_flight": self.max_in_flight}
             return 200, json.dumps(stats).encode()
+        if self._api_key and request.headers.get("authorization") != f"Bearer {self._api_key}":
+            return 401, b'{"error": {"message": "Unauthorized"}}'
+        if request.method == "GET" and request.path.rstrip("/").endswith("/v1/models"):
+            return 200, json.dumps(self.model_list()).encode()
+        if request.method == "GET" and request.path.rstrip("/") == "/version":
+            return 200, json.dumps({"version": VERSION}).encode()
         if not request.path.endswith("/chat/completions"):
             return 404, b'{"error": {"message": "not found"}}'
         self.requests.append(request)
@@ -218,6 +244,20 @@ class LoopbackServer:
             return await self._complete(request, self._behaviour_for(request))
         finally:
             self._active.discard(id(request))
+
+    def model_list(self) -> dict[str, Any]:
+        """What ``GET /v1/models`` answers: vLLM's model list, one card per model id."""
+        cards = [
+            {
+                "id": model,
+                "object": "model",
+                "owned_by": "slca-exp-loopback",
+                "root": model,
+                "max_model_len": self.max_model_len,
+            }
+            for model in self.models
+        ]
+        return {"object": "list", "data": cards}
 
     def _behaviour_for(self, request: RecordedRequest) -> Behaviour:
         routed = self.route(request) if self.route is not None else None
@@ -274,6 +314,9 @@ def serve_in_thread(
     behaviour: Behaviour | None = None,
     *,
     route: Callable[[RecordedRequest], Behaviour | None] | None = None,
+    models: tuple[str, ...] = (DEFAULT_MODEL,),
+    max_model_len: int | None = None,
+    api_key: str | None = None,
     **fields: Any,  # noqa: ANN401
 ) -> Iterator[LoopbackServer]:
     """Run a :class:`LoopbackServer` on an event loop in a daemon thread.
@@ -281,13 +324,22 @@ def serve_in_thread(
     Args:
         behaviour: the server-wide behaviour; ``fields`` override some of its fields.
         route: per-request behaviour.
+        models: the model ids ``GET /v1/models`` lists.
+        max_model_len: the context length the model cards report.
+        api_key: the key every request must carry (``None``: none).
         **fields: :class:`Behaviour` fields, e.g. ``latency_s=0.05``.
 
     Yields:
         The running server (``server.base_url``, ``server.requests``, ``server.configure``).
 
     """
-    server = LoopbackServer(dataclasses.replace(behaviour or Behaviour(), **fields), route=route)
+    server = LoopbackServer(
+        dataclasses.replace(behaviour or Behaviour(), **fields),
+        route=route,
+        models=models,
+        max_model_len=max_model_len,
+        api_key=api_key,
+    )
     thread = LoopThread("slca-exp-loopback")
     try:
         thread.run(server.start())
@@ -343,13 +395,30 @@ def serve_in_subprocess(**fields: Any) -> Iterator[RemoteLoopback]:  # noqa: ANN
             process.wait()
 
 
-async def _main(behaviour: Behaviour) -> None:
-    server = LoopbackServer(behaviour)
+async def _main(args: argparse.Namespace) -> None:
+    # Like vLLM's server: the key from $VLLM_API_KEY unless told where else to read it.
+    key = os.environ.get(args.api_key_env or "VLLM_API_KEY") or None
+    if args.api_key_env and not key:
+        raise SystemExit(f"--api-key-env names {args.api_key_env}, which is not set")
+    server = LoopbackServer(
+        Behaviour(**json.loads(args.behaviour)),
+        host=args.host,
+        port=args.port,
+        models=tuple(args.model or [DEFAULT_MODEL]),
+        max_model_len=args.max_model_len,
+        api_key=key,
+    )
     await server.start()
     print(f"LOOPBACK_PORT={server.port}", flush=True)
     loop = asyncio.get_running_loop()
-    # Serve until the parent closes our stdin (or the process is terminated).
-    await loop.run_in_executor(None, sys.stdin.read)
+    if args.until_signal:
+        stop = asyncio.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
+    else:
+        # Serve until the parent closes our stdin (or the process is terminated).
+        await loop.run_in_executor(None, sys.stdin.read)
     await server.stop()
 
 
@@ -357,8 +426,23 @@ def main(argv: list[str] | None = None) -> None:
     """Command-line entry: serve until stdin closes; prints ``LOOPBACK_PORT=<port>`` first."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--behaviour", default="{}", help="JSON object of Behaviour fields")
+    parser.add_argument("--host", default="127.0.0.1", help="a loopback address to bind")
+    parser.add_argument("--port", type=int, default=0, help="0: a free port")
+    parser.add_argument("--model", action="append", help="a model id to list (repeatable)")
+    parser.add_argument("--max-model-len", type=int, default=None, help="in the model cards")
+    parser.add_argument(
+        "--api-key-env",
+        default=None,
+        help="NAME of the env var whose key requests must carry (default: $VLLM_API_KEY, if set)",
+    )
+    parser.add_argument(
+        "--until-signal",
+        action="store_true",
+        help="serve until SIGTERM or SIGINT instead of until stdin closes (a service's job)",
+    )
     args = parser.parse_args(argv)
-    asyncio.run(_main(Behaviour(**json.loads(args.behaviour))))
+    Behaviour(**json.loads(args.behaviour))  # reject unknown fields before listening
+    asyncio.run(_main(args))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,213 @@
+"""What a service's SLURM job runs: the server, and its record once it answers.
+
+:class:`ServiceJob` is the callable ``slca-exp serve up`` hands submitit. On the node it picks
+the port (a free one when the definition says 0), starts :func:`server_command` (vLLM's, or the
+definition's own) with the API key in the server's environment only, waits until the server
+answers ``GET /v1/models`` with the definition's model id and max model length, then publishes
+the service's record (:class:`~slca_exp.services.served.ServiceRecord`) and serves until the
+server exits or the job is stopped (``slca-exp serve down``, ``scancel``: SIGTERM, passed on to
+the server).
+
+At its time limit SLURM signals the job first: the job stops the server and requeues itself
+(submitit's checkpoint), and the requeued job publishes the new endpoint, which clients follow.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import datetime
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from slca_exp.services.definition import (
+    VLLM_API_KEY_ENV,
+    ServiceDefinition,
+    definition_fingerprint,
+    server_command,
+)
+from slca_exp.services.served import (
+    Served,
+    ServiceRecord,
+    ServiceRegistry,
+    ServiceUnreachable,
+    ask_server,
+)
+
+POLL_S = 1.0
+"""How often the job asks its server whether it answers yet."""
+STOP_GRACE_S = 20.0
+"""How long the server gets to exit after SIGTERM before it is killed."""
+ANY_ADDRESS = ("0.0.0.0", "::", "")  # noqa: S104 - what vLLM's --host accepts for "every"
+
+
+class ServeError(RuntimeError):
+    """The server could not be started, or never answered with its model."""
+
+
+@dataclass
+class ServiceJob:
+    """One service's job: the definition, the registry it is recorded in, its profile's name."""
+
+    definition: ServiceDefinition
+    registry: str
+    launcher: str
+
+    def __call__(self) -> str:
+        """Serve until the server exits or the job is stopped; says why it ended."""
+        d = self.definition
+        port = d.port or free_port(d.host)
+        base_url = f"http://{advertised_host(d.host)}:{port}/v1"
+        command = server_command(d, d.host, port)
+        env = dict(os.environ)
+        if d.api_key_env:
+            key = os.environ.get(d.api_key_env)
+            if not key:
+                raise ServeError(
+                    f"service.api_key_env names {d.api_key_env}, which is not set in the job's "
+                    f"environment: export {d.api_key_env}=<key> before `slca-exp serve up`"
+                )
+            env[VLLM_API_KEY_ENV] = key  # the server's environment only, never its command line
+        say(f"service {d.name}: {shlex.join(command)}")
+        server = subprocess.Popen(command, env=env)
+        with _stopping(server) as stopped:
+            served = wait_until_served(server, base_url, d, stopped)
+            record = ServiceRecord(
+                name=d.name,
+                role=d.role,
+                fingerprint=definition_fingerprint(d),
+                served_model_name=d.model_id,
+                max_model_len=d.max_model_len,
+                server_version=served.version,
+                base_url=base_url,
+                host=advertised_host(d.host),
+                port=port,
+                job_id=job_id(),
+                launcher=self.launcher,
+                started_at=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+                definition=dataclasses.asdict(d),
+                command=command,
+                api_key_env=d.api_key_env,
+            )
+            ServiceRegistry(self.registry).publish(record)
+            say(f"service {d.name} answers at {base_url} ({d.model_id}, {served.version})")
+            code = server.wait()
+        if stopped:
+            return f"service {d.name} stopped ({stopped[0]})"
+        raise ServeError(f"the server of service {d.name} exited with status {code}")
+
+    def checkpoint(self) -> object:
+        """At the time limit (or a preemption): requeue the same service (submitit's hook)."""
+        import submitit
+
+        return submitit.helpers.DelayedSubmission(self)
+
+
+def say(line: str) -> None:
+    """One ``slca-exp:`` line in the job's log."""
+    print(f"slca-exp: {line}", file=sys.stderr, flush=True)
+
+
+def job_id() -> str:
+    """The SLURM job id (``""`` outside SLURM)."""
+    return os.environ.get("SLURM_ARRAY_JOB_ID") or os.environ.get("SLURM_JOB_ID") or ""
+
+
+def advertised_host(bind: str) -> str:
+    """The address others reach the server at: the node's name when it binds every address."""
+    return socket.getfqdn() if bind in ANY_ADDRESS else bind
+
+
+def free_port(bind: str) -> int:
+    """A port nothing listens on now, on ``bind``."""
+    with socket.socket() as probe:
+        probe.bind(("" if bind in ANY_ADDRESS else bind, 0))
+        return int(probe.getsockname()[1])
+
+
+def wait_until_served(
+    server: subprocess.Popen[bytes], base_url: str, d: ServiceDefinition, stopped: list[str]
+) -> Served:
+    """Wait until the server lists ``d``'s model, as ``d`` defines it.
+
+    Raises:
+        ServeError: the server exited, was stopped, answered with another model, or did not
+            answer within ``health_timeout_s``.
+
+    """
+    deadline, why = time.monotonic() + d.health_timeout_s, "not asked yet"
+    while time.monotonic() < deadline:
+        if stopped or server.poll() is not None:
+            raise ServeError(
+                f"the server of service {d.name} ended before it answered "
+                f"({stopped[0] if stopped else f'exit status {server.returncode}'})"
+            )
+        try:
+            served = ask_server(base_url, d.api_key_env, timeout_s=5.0)
+        except ServiceUnreachable as err:
+            why = str(err)
+            time.sleep(POLL_S)
+            continue
+        card = served.card(d.model_id)
+        if card is None:
+            _stop(server)
+            raise ServeError(f"the server at {base_url} lists {served.ids}, not {d.model_id!r}")
+        length = card.get("max_model_len")
+        if d.max_model_len is not None and length is not None and length != d.max_model_len:
+            _stop(server)
+            raise ServeError(
+                f"the server at {base_url} serves {d.model_id!r} with max_model_len {length}, "
+                f"not {d.max_model_len} (service.max_model_len)"
+            )
+        return served
+    _stop(server)
+    raise ServeError(
+        f"the server of service {d.name} did not answer at {base_url} within "
+        f"{d.health_timeout_s:g} s (service.health_timeout_s); last: {why}"
+    )
+
+
+@contextlib.contextmanager
+def _stopping(server: subprocess.Popen[bytes]) -> Iterator[list[str]]:
+    """SIGTERM and SIGINT stop the server (the list then names the signal).
+
+    The server never outlives the block.
+    """
+    stopped: list[str] = []
+
+    def stop(signum: int, _frame: object) -> None:
+        stopped.append(signal.Signals(signum).name)
+        with contextlib.suppress(ProcessLookupError):
+            server.terminate()
+
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield stopped
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        _stop(server)
+
+
+def _stop(server: subprocess.Popen[bytes]) -> None:
+    if server.poll() is not None:
+        return
+    server.terminate()
+    try:
+        server.wait(timeout=STOP_GRACE_S)
+    except subprocess.TimeoutExpired:
+        server.kill()
+        server.wait()
+
+
+def log_path(registry: ServiceRegistry, name: str) -> Path:
+    """The folder submitit keeps a service's jobs in (``<registry>/logs/<name>/<job id>``)."""
+    return registry.folder / "logs" / name

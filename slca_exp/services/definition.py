@@ -1,0 +1,243 @@
+"""A service definition: one frozen model, how it is served and what identifies it.
+
+``conf/service/<name>.yaml`` holds one :class:`ServiceDefinition`; ``slca-exp serve up
+service=<name>`` starts it as a SLURM job of its own. The job runs :func:`server_command`: by
+default vLLM's OpenAI-compatible server, the ``vllm serve`` command line built flag by flag from
+the definition (:func:`vllm_command`); a definition may instead give its own ``command`` (the
+tests serve the project's loopback server this way, through the same path).
+
+What identifies a served model, whatever host and port it is served on, is
+:func:`identity_fields`; :func:`definition_fingerprint` is their sha256, recorded with the service
+and with every run judged or simulated through it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import re
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+from slca_exp.config.fields import param
+
+ROLES = ("judge", "simulator")
+"""The run config groups a service can stand behind."""
+
+NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+"""A service's registry name: one file name, the same on every host."""
+
+ENV_NAME_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+"""An environment variable's name (``api_key_env``)."""
+
+VLLM_API_KEY_ENV = "VLLM_API_KEY"
+"""The variable vLLM's server reads its API key from when ``--api-key`` is not given: the key
+reaches the server through its environment, never through its command line."""
+
+PLACEHOLDERS = ("python", "host", "port", "model", "served_model_name", "max_model_len")
+"""What a definition's own ``command`` may name in braces (``{port}``), filled in on the node."""
+_NAMED = ", ".join("{" + name + "}" for name in PLACEHOLDERS)
+
+
+@dataclass
+class ServiceDefinition:
+    """One frozen model served over an OpenAI-compatible API (a ``service`` config option)."""
+
+    name: str = param("", "registry name: runs name it as judge.service / simulator.service")
+    role: str = param("judge", "the run config group it serves: judge | simulator", choices=ROLES)
+    model: str = param("", "the model to serve: a hub id or a folder on the cluster")
+    revision: str | None = param(None, "hub revision (branch, tag or commit) of the weights")
+    served_model_name: str | None = param(
+        None, "the model id the server answers to (a run's judge.model); null: model"
+    )
+    tensor_parallel_size: int = param(1, "GPUs each model replica is split over", gt=0)
+    pipeline_parallel_size: int = param(1, "pipeline stages", gt=0)
+    max_model_len: int | None = param(None, "context length; null: the model's own", gt=0)
+    dtype: str = param(
+        "auto", "weights and activations dtype", choices=("auto", "bfloat16", "float16", "float32")
+    )
+    quantization: str | None = param(None, "vLLM --quantization method (mxfp4, fp8, awq, ...)")
+    gpu_memory_utilization: float | None = param(
+        None, "fraction of each GPU's memory vLLM may use; null: vLLM's default", gt=0, le=1
+    )
+    extra_args: list[str] = param(
+        default_factory=list, help="more `vllm serve` flags, appended as given"
+    )
+    host: str = param("0.0.0.0", "address the server binds; 0.0.0.0: every interface")  # noqa: S104
+    port: int = param(8000, "port the server listens on; 0: a free port picked on the node", ge=0)
+    api_key_env: str | None = param(
+        None, "NAME of the env var holding the key the server requires (never the key)"
+    )
+    command: list[str] | None = param(
+        None,
+        "the server's own command instead of vLLM's; may name {python} {host} {port} {model} "
+        "{served_model_name} {max_model_len}",
+    )
+    health_timeout_s: float = param(
+        1800.0, "how long the job waits for the server to answer with the model", gt=0
+    )
+    launcher: str = param("slurm_gpu_8x", "cluster profile of the service's job (launcher=...)")
+    resources: dict[str, Any] = param(
+        default_factory=dict,
+        help="what the service needs of any profile: launcher.<key> values (gpus_per_node, "
+        "cpus_per_task, mem_gb, timeout_min) over the profile's; launcher.<key>= wins over both",
+    )
+
+    @property
+    def model_id(self) -> str:
+        """The model id the server answers to (``served_model_name``, else ``model``)."""
+        return self.served_model_name or self.model
+
+    @property
+    def uses_vllm(self) -> bool:
+        """Whether the job runs vLLM (no ``command`` of its own)."""
+        return not self.command
+
+
+def identity_fields(definition: ServiceDefinition) -> dict[str, Any]:
+    """What decides the answers a service gives: not its host, port, key or resources.
+
+    >>> identity_fields(ServiceDefinition(name="j", model="m"))["served_model_name"]
+    'm'
+    """
+    return {
+        "model": definition.model,
+        "revision": definition.revision,
+        "served_model_name": definition.model_id,
+        "max_model_len": definition.max_model_len,
+        "dtype": definition.dtype,
+        "quantization": definition.quantization,
+        "tensor_parallel_size": definition.tensor_parallel_size,
+        "pipeline_parallel_size": definition.pipeline_parallel_size,
+        "extra_args": list(definition.extra_args),
+        "command": list(definition.command) if definition.command else None,
+    }
+
+
+def definition_fingerprint(definition: ServiceDefinition) -> str:
+    """sha256 (hex) of the canonical JSON of :func:`identity_fields`.
+
+    >>> a = ServiceDefinition(name="a", model="m", port=1)
+    >>> definition_fingerprint(a) == definition_fingerprint(dataclasses.replace(a, port=2))
+    True
+    >>> definition_fingerprint(a) == definition_fingerprint(dataclasses.replace(a, dtype="float16"))
+    False
+    """
+    canonical = json.dumps(identity_fields(definition), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def vllm_command(definition: ServiceDefinition, host: str, port: int) -> list[str]:
+    """The ``vllm serve`` command line of ``definition``, listening on ``host:port``.
+
+    Only flags whose value differs from vLLM's default are given. The API key is not on it:
+    the job hands it to the server as ``$VLLM_API_KEY`` (:data:`VLLM_API_KEY_ENV`).
+
+    >>> judge = ServiceDefinition(name="j", model="org/m", max_model_len=4096)
+    >>> vllm_command(judge, "0.0.0.0", 8000)
+    ['vllm', 'serve', 'org/m', '--host', '0.0.0.0', '--port', '8000', '--served-model-name', \
+'org/m', '--max-model-len', '4096']
+    """
+    d = definition
+    line = ["vllm", "serve", d.model, "--host", host, "--port", str(port)]
+    line += ["--served-model-name", d.model_id]
+    if d.revision:
+        line += ["--revision", d.revision]
+    if d.tensor_parallel_size != 1:
+        line += ["--tensor-parallel-size", str(d.tensor_parallel_size)]
+    if d.pipeline_parallel_size != 1:
+        line += ["--pipeline-parallel-size", str(d.pipeline_parallel_size)]
+    if d.max_model_len is not None:
+        line += ["--max-model-len", str(d.max_model_len)]
+    if d.dtype != "auto":
+        line += ["--dtype", d.dtype]
+    if d.quantization:
+        line += ["--quantization", d.quantization]
+    if d.gpu_memory_utilization is not None:
+        line += ["--gpu-memory-utilization", f"{d.gpu_memory_utilization:g}"]
+    return line + [str(a) for a in d.extra_args]
+
+
+def server_command(
+    definition: ServiceDefinition, host: str, port: int, python: str = sys.executable
+) -> list[str]:
+    """The command the service's job runs: its own ``command``, filled in, else vLLM's.
+
+    >>> own = ["{python}", "-m", "srv", "--port={port}"]
+    >>> d = ServiceDefinition(name="j", model="m", command=own)
+    >>> server_command(d, "127.0.0.1", 9, python="py")
+    ['py', '-m', 'srv', '--port=9']
+    """
+    if definition.uses_vllm:
+        return vllm_command(definition, host, port)
+    values = {
+        "python": python,
+        "host": host,
+        "port": str(port),
+        "model": definition.model,
+        "served_model_name": definition.model_id,
+        "max_model_len": "" if definition.max_model_len is None else str(definition.max_model_len),
+    }
+    assert definition.command is not None
+    return [str(part).format(**values) for part in definition.command]
+
+
+def command_problems(definition: ServiceDefinition) -> list[tuple[str, str, str]]:
+    """(key, what, fix) for each problem of the definition alone (the launcher's are elsewhere).
+
+    >>> command_problems(ServiceDefinition(name="a b", model="m"))[0][0]
+    'service.name'
+    """
+    found = []
+    if not NAME_PATTERN.fullmatch(definition.name or ""):
+        found.append(
+            (
+                "service.name",
+                f"{definition.name!r} is not a registry name (letters, digits, _ . -)",
+                "set service.name=my_judge",
+            )
+        )
+    if not definition.model:
+        found.append(("service.model", "no model to serve", "set service.model=<hub id or folder>"))
+    if definition.api_key_env and not ENV_NAME_PATTERN.fullmatch(definition.api_key_env):
+        found.append(
+            (
+                "service.api_key_env",
+                f"{definition.api_key_env!r} is not an environment variable's name",
+                "give the NAME of the variable holding the key (service.api_key_env=JUDGE_API_KEY)",
+            )
+        )
+    if definition.command is not None and not definition.command:
+        found.append(
+            ("service.command", "is an empty command", "give the command, or null for vLLM's")
+        )
+    for part in definition.command or []:
+        try:
+            str(part).format(**dict.fromkeys(PLACEHOLDERS, ""))
+        except (KeyError, IndexError, ValueError) as err:
+            found.append(
+                (
+                    "service.command",
+                    f"{part!r} names {err} in braces, which is not filled in",
+                    f"use only {_NAMED} (double a brace to keep it: {{{{)",
+                )
+            )
+    for key, value in definition.resources.items():
+        if not isinstance(value, (int, float, str, bool)) and value is not None:
+            found.append(
+                (
+                    f"service.resources.{key}",
+                    f"is {type(value).__name__}; a resource is one value",
+                    f"give service.resources.{key} a number or a string",
+                )
+            )
+    if definition.port > 65535:
+        found.append(("service.port", f"{definition.port} is not a port", "give 0 to 65535"))
+    return found
+
+
+def definition_fields() -> list[str]:
+    """The keys of a definition, in order."""
+    return [f.name for f in dataclasses.fields(ServiceDefinition)]
