@@ -37,6 +37,7 @@ LONGEST_FIRST = (
     "tests/engines/test_learning_signal_on_cpu.py",
     "tests/engines/test_engine_runs_on_cpu.py",
     "tests/engines/verl/test_verl_trains_on_cpu.py",
+    "tests/launch/test_serve_slurm.py",
     "tests/engines/verl/test_plugin_on_cpu.py",
     "tests/engines/test_sweep_compare_on_cpu.py",
     "tests/tracking/test_mlflow_server_on_cpu.py",

@@ -25,10 +25,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from slca_exp.core.problems import ConfigError, Problem
+from slca_exp.locks import file_lock, lock_path
 from slca_exp.serve.definitions import GROUP, load_service, service_names
 from slca_exp.serve.job import ServiceJob, log_path
+from slca_exp.services.definition import definition_fingerprint
 from slca_exp.services.served import (
     REGISTRY_ENV,
+    ServiceRecord,
     ServiceRegistry,
     ServiceUnreachable,
     ask_server,
@@ -106,14 +109,40 @@ def _up(registry: ServiceRegistry, overrides: list[str], config_dirs: list[str],
     problems += found
     if problems or definition is None or profile is None:
         return _refuse(problems)
+    # One `serve up` of a service at a time: two would both find it down and both submit.
+    try:
+        with file_lock(lock_path(registry.record_path(definition.name))):
+            job = _start(registry, definition, profile_name, profile)
+    except ConfigError as err:
+        return _refuse(err.problems)
+    if job is None or not wait:
+        return 0
+    return _wait_up(registry, definition.name, job.job_id, definition.health_timeout_s)
+
+
+def _start(registry, definition, profile_name, profile):  # noqa: ANN001, ANN202 - submitit's job
+    """Submit the service's job unless it is already queued or running (then ``None``)."""
     state = service_state(registry, definition.name)
+    running = getattr(state.record, "fingerprint", None)
+    if state.job_active and running not in (None, definition_fingerprint(definition)):
+        raise ConfigError(
+            [
+                Problem(
+                    GROUP,
+                    f"the service {definition.name} is {state.label} (job {state.job_id}) with "
+                    "another definition than this one (another fingerprint)",
+                    f"slca-exp serve down {definition.name} first, or use another service.name",
+                )
+            ],
+            "the service",
+        )
     if state.job_active:
         where = f" at {state.record.base_url}" if state.record and state.answers else ""
         print(
             f"slca-exp: service {definition.name} is {state.label}{where} (job {state.job_id}); "
             f"`slca-exp serve down {definition.name}` first to start it anew"
         )
-        return 0
+        return None
     if state.record is not None or state.job is not None:
         print(f"slca-exp: service {definition.name} was {state.label}: starting it again")
         registry.forget(definition.name)
@@ -129,9 +158,7 @@ def _up(registry: ServiceRegistry, overrides: list[str], config_dirs: list[str],
         },
     )
     print(f"slca-exp: submitted service {definition.name} as SLURM job {job.job_id}, log: {log}")
-    if not wait:
-        return 0
-    return _wait_up(registry, definition.name, job.job_id, definition.health_timeout_s)
+    return job
 
 
 def _split(
@@ -227,8 +254,8 @@ class ServiceState:
     """What the registry, SLURM and the server say about one service."""
 
     name: str
-    record: object | None  # a ServiceRecord
-    job: dict | None
+    record: ServiceRecord | None
+    job: dict[str, object] | None
     job_id: str | None
     job_state: str | None  # SLURM's; None: unknown (no SLURM here) or no job
     answers: bool

@@ -183,7 +183,7 @@ def test_a_service_killed_mid_run_is_counted_restarted_and_followed(served):
             f"tracking.root={out / 'out'}",
         ],
         cwd=served.folder,
-        env={**served.env, "SLCA_EXP_PLUGINS": "tests.launch.paced_plugin", "PACE_S": "0.75"},
+        env={**served.env, "SLCA_EXP_PLUGINS": "tests.launch.paced_plugin", "PACE_S": "0.5"},
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
