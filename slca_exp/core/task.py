@@ -185,10 +185,10 @@ class Ports:
     """The ports of one Ray node, a block of :data:`PORT_BLOCK` derived from the job id.
 
     The block of local rank ``r`` is slot ``(h + r) % PORT_SLOTS`` of :data:`PORT_RANGE`, where
-    ``h`` is a hash of the job id: the tasks of one job on one host get distinct blocks, and
-    every task computes the head's GCS port from the job id alone (the head is rank 0, local
-    rank 0). Two jobs on one host share a block with probability ``1 / PORT_SLOTS``; the node
-    then refuses to start with a :class:`ClusterError` naming the port.
+    ``h`` is a hash of the job id: the tasks of one job on one host get distinct blocks. Two
+    jobs on one host may hash to one block; a task whose block another Ray node holds takes
+    the next free one of its own (``shift``: a multiple of the host's tasks, so the job's tasks
+    still never share one), and the workers learn the head's address from the rendezvous.
     """
 
     gcs: int
@@ -204,8 +204,13 @@ class Ports:
     max_worker: int
 
     @classmethod
-    def for_node(cls, job_id: str, local_rank: int = 0) -> Ports:
+    def for_node(cls, job_id: str, local_rank: int = 0, shift: int = 0) -> Ports:
         """The ports of the Ray node of task ``local_rank`` (on its host) of job ``job_id``.
+
+        Args:
+            job_id: the job's id.
+            local_rank: the task's rank on its host.
+            shift: slots past the task's own (the next candidates when its block is taken).
 
         Raises:
             ValueError: ``local_rank`` is negative or not under :data:`PORT_SLOTS`.
@@ -214,7 +219,7 @@ class Ports:
         if not 0 <= local_rank < PORT_SLOTS:
             raise ValueError(f"local rank {local_rank} is outside 0..{PORT_SLOTS - 1}")
         digest = hashlib.sha256(str(job_id).encode()).digest()
-        slot = (int.from_bytes(digest[:8], "big") + local_rank) % PORT_SLOTS
+        slot = (int.from_bytes(digest[:8], "big") + local_rank + shift) % PORT_SLOTS
         base = PORT_RANGE[0] + slot * PORT_BLOCK
         return cls(
             gcs=base,

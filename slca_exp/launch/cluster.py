@@ -61,7 +61,7 @@ from typing import Any, TypeVar
 
 from slca_exp.core.process import RunKilled, deferrable, signals_deferred
 from slca_exp.core.task import ClusterError, NodeResources, Ports, TaskInfo
-from slca_exp.launch.ray_node import RayNode, ip_towards, tcp_open, temp_dir_of
+from slca_exp.launch.ray_node import RayNode, free_ports, ip_towards, tcp_open, temp_dir_of
 from slca_exp.launch.rendezvous import (
     AUTH_ENV,
     AUTH_TOKEN,
@@ -186,7 +186,7 @@ def _serve_head(
         from ray.util import get_node_ip_address
 
         ip = get_node_ip_address()
-        ports = Ports.for_node(task.job_id, task.local_rank)
+        ports = free_ports(task, head=True)
         address = f"{ip}:{ports.gcs}"
         node = RayNode.start(task, ports, ip, temp_dir, head_address=None, resources=resources)
         wait_until(
@@ -351,7 +351,7 @@ def _serve_worker(
             f"its log: {task.log_of(0)}",
             checks=(lambda: raise_if_head_failed(task),),
         )
-        ports = Ports.for_node(task.job_id, task.local_rank)
+        ports = free_ports(task, head=False)
         ip = ip_towards(head_ip)
         node = RayNode.start(task, ports, ip, temp_dir, head_address=address, resources=resources)
         wait_until(

@@ -1,10 +1,11 @@
 """One Ray node of a submitit job's task: ``ray start --block`` under its supervisor.
 
     task (TaskInfo), its ports (Ports), its ip, its temp dir
-      -> RayNode.start   checks (temp dir short enough for Ray's sockets, the job's port block
-                         free on this host), then ``python -m slca_exp.launch.supervise <temp
-                         dir> ray start --block ...`` with the task's CPUs, GPUs and object
-                         store, the head's or a worker's flags
+    free_ports(task)     the task's port block, or its next free one when another node holds it
+      -> RayNode.start   checks (temp dir short enough for Ray's sockets, the ports free on this
+                         host), then ``python -m slca_exp.launch.supervise <temp dir> ray start
+                         --block ...`` with the task's CPUs, GPUs and object store, the head's
+                         or a worker's flags
       -> node.check()    raises once ``ray start --block`` has exited
       -> node.stop()     the supervisor stops exactly this node's processes (never
                          ``ray stop``, which stops every Ray node of the host); whatever is
@@ -26,6 +27,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from slca_exp.core.task import (
+    PORT_SLOTS,
     ClusterError,
     NodeResources,
     Ports,
@@ -91,7 +93,7 @@ class RayNode:
             raise ClusterError(
                 f"ports of this task's Ray node are in use on {task.host}: "
                 + ", ".join(f"{p} ({name})" for name, p in busy.items())
-                + " (another Ray node on this host holds this job's port block)"
+                + " (other Ray nodes on this host hold this task's port blocks)"
             )
         temp_dir.mkdir(parents=True, exist_ok=True)
         cmd = [
@@ -157,6 +159,21 @@ class RayNode:
             import shutil
 
             shutil.rmtree(self.temp_dir, ignore_errors=True)
+
+
+def free_ports(task: TaskInfo, *, head: bool) -> Ports:
+    """The task's port block, or the first free one of its candidates when another node holds it.
+
+    The candidates of local rank ``r`` are its own slot shifted by multiples of the host's task
+    count, so the tasks of one job never pick the same block. When every candidate is taken the
+    task's own block is returned, and :meth:`RayNode.start` names the ports in use.
+    """
+    step = max(1, task.tasks_per_node)
+    for shift in range(0, PORT_SLOTS, step):
+        ports = Ports.for_node(task.job_id, task.local_rank, shift)
+        if not _busy_ports(ports.fixed(head=head)):
+            return ports
+    return Ports.for_node(task.job_id, task.local_rank)
 
 
 def _busy_ports(named: Mapping[str, int]) -> dict[str, int]:

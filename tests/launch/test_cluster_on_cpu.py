@@ -474,6 +474,29 @@ def test_a_one_task_job_gets_the_engines_slots_and_its_node_outlives_slurms_sign
         shutil.rmtree(job.temp_root, ignore_errors=True)
 
 
+def test_a_task_whose_port_block_another_node_holds_takes_its_next_free_one(job):
+    own = [Ports.for_node(job.job_id, k) for k in (0, 1)]
+    with socket.socket() as gcs, socket.socket() as raylet:  # another Ray node's, as it were
+        for sock, port in ((gcs, own[0].gcs), (raylet, own[1].node_manager)):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind(("", port))
+            sock.listen()
+        codes = job.run("ok")
+    assert codes == {0: 0, 1: 0}, job.log(0).read_text() + job.log(1).read_text()
+    result = job.output(0)["result"]
+    # each task's next candidates: its own slot shifted by the host's 2 tasks
+    candidates = [
+        [Ports.for_node(job.job_id, k, shift) for shift in range(2, PORT_SLOTS, 2)] for k in (0, 1)
+    ]
+    head_port = int(result["address"].rsplit(":", 1)[1])
+    assert head_port != own[0].gcs and head_port in {p.gcs for p in candidates[0]}
+    ports = [n["node_manager_port"] for n in result["nodes"]]
+    assert ports[1] != own[1].node_manager
+    assert ports[1] in {p.node_manager for p in candidates[1]}
+    assert result["seen_by_ray_init"] == 2  # the worker found the head where it moved
+    assert job.leftovers() == []
+
+
 def test_a_node_whose_ports_are_taken_is_refused_before_ray_starts(job):
     task = job.task(1)
     ports = Ports.for_node(job.job_id, 1)

@@ -7,9 +7,7 @@ hydra-submitit-launcher, sbatch, the job's own Python process on the node, MLflo
 import os
 import subprocess
 import sys
-import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -76,78 +74,6 @@ def logs(tmp_path):
     )
 
 
-TIME_LIMITED_STEPS = 30
-
-
-@dataclass
-class TimeLimited:
-    """The time-limit job: submitted before this module's first test, driven in a thread."""
-
-    folder: Path
-    proc: subprocess.Popen
-    log: Path
-    released: set[str] = field(default_factory=set)
-    thread: threading.Thread | None = None
-
-
-def _release_when_requeued(job: TimeLimited, deadline: float) -> None:
-    """SLURM holds a requeued job for two minutes: start it at once, with time to finish."""
-    while job.proc.poll() is None and time.time() < deadline:
-        time.sleep(1)
-        for job_id in job_ids(job.folder):
-            res = subprocess.run(
-                ["squeue", "-h", "-j", job_id, "-o", "%T %r"], capture_output=True, text=True
-            )
-            if res.stdout.split() == ["PENDING", "BeginTime"] and job_id not in job.released:
-                # a second signal would only requeue it once more: a limit it does not reach
-                subprocess.run(
-                    ["scontrol", "update", f"jobid={job_id}", "StartTime=now", "TimeLimit=15"],
-                    check=True,
-                )
-                job.released.add(job_id)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def time_limited(tmp_path_factory, slurm):
-    """A job that meets its time limit, submitted first: the module's other tests run meanwhile.
-
-    slurmctld checks time limits every 30 s and sends the --signal at the first check that is
-    less than 30 s before the signal time: with a 3-minute limit and the signal 60 s before it,
-    the signal arrives 90 to 120 s in, well after the run's start-up (up to 40 s on a loaded
-    machine). Each RL step is paced (at least 4 s), so the first run is in the middle of its 30
-    steps then, however fast this machine is, and the requeued run has fewer than 20 steps
-    left, however slow a loaded machine makes them.
-    """
-    folder = tmp_path_factory.mktemp("time_limit")
-    args = [
-        EXE, "train", "-m", *SMALL, *TINY_LOCAL,
-        "engine.name=paced_local",
-        f"engine.rl.steps={TIME_LIMITED_STEPS}",
-        "launcher.timeout_min=3",
-        "launcher.signal_delay_s=60",
-        f"tracking.root={folder / 'out'}",
-        f"hydra.sweep.dir={folder / 'multirun'}",
-    ]  # fmt: skip
-    env = _env(SLCA_EXP_PLUGINS="tests.launch.paced_plugin", PACE_S="4.0")
-    log = folder / "command.log"
-    with log.open("w") as out:
-        proc = subprocess.Popen(
-            args, cwd=folder, env=env, text=True, stdout=out, stderr=subprocess.STDOUT
-        )
-    job = TimeLimited(folder, proc, log)
-    job.thread = threading.Thread(
-        target=_release_when_requeued, args=(job, time.time() + 480), daemon=True
-    )
-    job.thread.start()
-    try:
-        yield job
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            for job_id in job_ids(folder):
-                subprocess.run(["scancel", job_id], check=False)
-
-
 def test_a_2x2_sweep_is_one_array_job_with_a_parent_and_four_children(tmp_path):
     res = submit(
         tmp_path,
@@ -186,6 +112,60 @@ def test_a_2x2_sweep_is_one_array_job_with_a_parent_and_four_children(tmp_path):
         assert f"slca-exp: SLURM job {array}_{k}, log: {log}" in logged
     assert f"slca-exp: compare: slca-exp compare {parents[0].data.tags['slca.sweep']}" in out
     assert out.count("sacct") <= 1 and "Bypassing sacct error" not in out
+
+
+def test_a_time_limit_checkpoints_requeues_and_continues_the_same_run(tmp_path):
+    # slurmctld checks time limits every 30 s and sends the --signal at the first check that
+    # is less than 30 s before the signal time: with a 3-minute limit and the signal 60 s
+    # before it, the signal arrives 90 to 120 s in, well after the run's start-up (up to 40 s
+    # on a loaded machine). Each RL step is paced (at least 4 s), so the first run is in the
+    # middle of its 30 steps then, however fast this machine is, and the requeued run has
+    # fewer than 20 steps left, however slow a loaded machine makes them.
+    steps = 30
+    proc = submit(
+        tmp_path,
+        *TINY_LOCAL,
+        "engine.name=paced_local",
+        f"engine.rl.steps={steps}",
+        "launcher.timeout_min=3",
+        "launcher.signal_delay_s=60",
+        env=_env(SLCA_EXP_PLUGINS="tests.launch.paced_plugin", PACE_S="4.0"),
+        wait=False,
+    )
+    released, deadline = set(), time.time() + 480
+    try:
+        while proc.poll() is None and time.time() < deadline:
+            time.sleep(1)
+            for job in job_ids(tmp_path):
+                res = subprocess.run(
+                    ["squeue", "-h", "-j", job, "-o", "%T %r"], capture_output=True, text=True
+                )
+                if res.stdout.split() == ["PENDING", "BeginTime"] and job not in released:
+                    # SLURM holds a requeued job for two minutes: start it now, and give it the
+                    # time to finish (a second signal would only requeue it once more).
+                    subprocess.run(
+                        ["scontrol", "update", f"jobid={job}", "StartTime=now", "TimeLimit=15"],
+                        check=True,
+                    )
+                    released.add(job)
+        out = proc.communicate(timeout=30)[0]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            for job in job_ids(tmp_path):
+                subprocess.run(["scancel", job])
+    assert proc.returncode == 0, out[-3000:]
+    text = logs(tmp_path)
+    assert "this job is timed-out" in text, text[-3000:]
+    assert "requeueing the job" in text
+    assert "checkpointed at RL step" in text
+    assert len(released) == 1
+    client, parents, children = mlflow_runs(tmp_path)
+    (run,) = children
+    assert run.info.status == "FINISHED" and run.data.tags.get("slca.resumed") == "true"
+    assert parents[0].info.status == "FINISHED"
+    history = [m.step for m in client.get_metric_history(run.info.run_id, "train/loss")]
+    assert sorted(history) == list(range(1, steps + 1))  # every step once, none repeated
 
 
 def test_scancel_leaves_the_run_killed_not_running(tmp_path):
@@ -263,27 +243,3 @@ def test_a_failure_on_rank_1_fails_the_job_with_rank_1s_log_path(tmp_path):
     _, parents, children = mlflow_runs(tmp_path)
     assert parents[0].info.status == "FAILED"
     assert all(r.info.status != "RUNNING" for r in children)
-
-
-def test_a_time_limit_checkpoints_requeues_and_continues_the_same_run(time_limited):
-    """Last in this module: its job was submitted before the first test."""
-    job = time_limited
-    assert job.thread is not None
-    job.thread.join(timeout=600)
-    try:
-        job.proc.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"the time-limit job did not end: {job.log.read_text()[-3000:]}")
-    out = job.log.read_text()
-    assert job.proc.returncode == 0, out[-3000:]
-    text = logs(job.folder)
-    assert "this job is timed-out" in text, text[-3000:]
-    assert "requeueing the job" in text
-    assert "checkpointed at RL step" in text
-    assert len(job.released) == 1
-    client, parents, children = mlflow_runs(job.folder)
-    (run,) = children
-    assert run.info.status == "FINISHED" and run.data.tags.get("slca.resumed") == "true"
-    assert parents[0].info.status == "FINISHED"
-    history = [m.step for m in client.get_metric_history(run.info.run_id, "train/loss")]
-    assert sorted(history) == list(range(1, TIME_LIMITED_STEPS + 1))  # every step once
