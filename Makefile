@@ -19,10 +19,11 @@ $(PY):
 
 # uv installs the rest: the versions pip would pick, fetched in parallel (seconds, where pip
 # takes minutes). torch is already there, so nothing pulls another build; --native-tls uses the
-# system's certificates, as pip does.
+# system's certificates, as pip does; --compile-bytecode writes the .pyc files pip writes (a
+# host with PYTHONDONTWRITEBYTECODE=1 would otherwise parse every module in every process).
 $(STAMP): pyproject.toml | $(PY)
 	$(PY) -m pip install $(TORCH) uv
-	$(VENV)/bin/uv pip install --python $(PY) --native-tls -e '.[dev,verl]'
+	$(VENV)/bin/uv pip install --python $(PY) --native-tls --compile-bytecode -e '.[dev,verl]'
 	touch $(STAMP)
 
 # The default experiment (experiment=smoke): SFT then SLCA-GRPO on a synthetic split, on CPU.

@@ -330,6 +330,18 @@ def _resolve(
             break
         except ServiceUnreachable as err:
             why = str(err)
+            if why in ("HTTP 401", "HTTP 403"):  # it answers, and wants a key the run lacks
+                raise ConfigError(
+                    [
+                        Problem(
+                            f"{group}.api_key_env",
+                            f"the service {name!r} at {record.base_url} refuses the run's "
+                            f"requests ({why}): it requires an API key ({record.api_key_env})",
+                            f"export the key and set {group}.api_key_env="
+                            f"{record.api_key_env or '<the variable holding it>'}",
+                        )
+                    ]
+                ) from None
             latest = registry.record(name)  # restarted meanwhile: a new endpoint
             record = latest or record
     if served is None:

@@ -287,6 +287,9 @@ def test_what_the_server_serves_must_be_what_the_run_and_the_registry_say(tmp_pa
     assert key == "judge.service" and "max_model_len 2048" in what
     # before submitting (no wait) the server is not asked
     assert problems(wait=False, models=("someone-else",)) == []
+    # a server that wants a key the run does not send: said at once, naming the key's setting
+    ((key, what),) = problems(**models, api_key="sk-not-sent")
+    assert key == "judge.api_key_env" and "HTTP 401" in what
 
 
 def test_an_unknown_or_silent_service_refuses_the_run_naming_the_key(tmp_path):

@@ -77,9 +77,12 @@ PROBS_TOLERANCE = 1e-4
 Both sides compute in float32 from the same weights; what is left is the order of float
 operations (a cached token-by-token forward on the server, a batched one in the trainer): 1e-6 to
 4e-6 measured. One update moves some tokens' probability ratio past PPO's clip (0.2) already."""
-RATING_RISE = 0.5
+RATING_RISE = 0.25
 """How much the mean judge rating of the last three steps must exceed that of the first three
-(eight tuning runs of 10-12 steps: +1.0 to +3.2 on the 1-5 scale)."""
+(eight tuning runs of 10-12 steps: +1.0 to +3.2 on the 1-5 scale; the least of ten runs on a
+loaded CI host: +0.31). A policy trained on negated or misrouted summary advantages falls.
+Two PPO epochs per step learn faster (+2.7) but stop the policy calling tools within a few
+steps, which the simulator test below needs."""
 
 _REPLY = re.compile(r"<final_answer>\n(.*)\n</final_answer>", re.S)
 
@@ -177,7 +180,7 @@ def verl_run(tool_caller, tmp_path_factory):
             "data.seed=0",
             f"engine.verl.train_batch_size={PROMPTS}",
             f"algorithm.group_size={GROUP}",
-            "engine.verl.ppo_mini_batch_size=2",  # two mini-batches per step, each seen twice:
+            "engine.verl.ppo_mini_batch_size=2",  # two updates per step
             f"engine.verl.total_training_steps={STEPS}",
             "engine.verl.total_epochs=3",
             "engine.verl.lr=1e-3",
@@ -187,7 +190,6 @@ def verl_run(tool_caller, tmp_path_factory):
             # each take every core stall one another (the actor update measured 10x slower)
             f"engine.verl.overrides=['trainer.rollout_data_dir={rollout_dir}',"
             "'trainer.val_before_train=false',"
-            "'actor_rollout_ref.actor.ppo_epochs=2',"  # four updates per step
             "'ray_kwargs.ray_init.runtime_env.env_vars.OMP_NUM_THREADS=1',"
             "'ray_kwargs.ray_init.runtime_env.env_vars.MKL_NUM_THREADS=1']",
             "reward.judge_failure=absent",
