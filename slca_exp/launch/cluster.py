@@ -61,7 +61,14 @@ from typing import Any, TypeVar
 
 from slca_exp.core.process import RunKilled, deferrable, signals_deferred
 from slca_exp.core.task import ClusterError, NodeResources, Ports, TaskInfo
-from slca_exp.launch.ray_node import RayNode, free_ports, ip_towards, tcp_open, temp_dir_of
+from slca_exp.launch.ray_node import (
+    RayNode,
+    free_ports,
+    ip_towards,
+    ports_choice,
+    tcp_open,
+    temp_dir_of,
+)
 from slca_exp.launch.rendezvous import (
     AUTH_ENV,
     AUTH_TOKEN,
@@ -186,16 +193,19 @@ def _serve_head(
         from ray.util import get_node_ip_address
 
         ip = get_node_ip_address()
-        ports = free_ports(task, head=True)
-        address = f"{ip}:{ports.gcs}"
-        node = RayNode.start(task, ports, ip, temp_dir, head_address=None, resources=resources)
-        wait_until(
-            lambda: tcp_open(ip, ports.gcs),
-            START_TIMEOUT_S,
-            f"the head's GCS at {address} did not answer within {START_TIMEOUT_S:.0f} s; "
-            f"see {task.log}",
-            checks=(node.check, lambda: raise_reported(task)),
-        )
+        # One Ray node of this host picks its ports and binds them at a time: two starting
+        # together would otherwise both find the same block free.
+        with ports_choice():
+            ports = free_ports(task, head=True)
+            address = f"{ip}:{ports.gcs}"
+            node = RayNode.start(task, ports, ip, temp_dir, head_address=None, resources=resources)
+            wait_until(
+                lambda: tcp_open(ip, ports.gcs),
+                START_TIMEOUT_S,
+                f"the head's GCS at {address} did not answer within {START_TIMEOUT_S:.0f} s; "
+                f"see {task.log}",
+                checks=(node.check, lambda: raise_reported(task)),
+            )
         write_json(rendezvous / HEAD_ADDRESS, {"address": address, "host": task.host})
         handler = signal.getsignal(signal.SIGTERM)
         ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
@@ -351,16 +361,19 @@ def _serve_worker(
             f"its log: {task.log_of(0)}",
             checks=(lambda: raise_if_head_failed(task),),
         )
-        ports = free_ports(task, head=False)
         ip = ip_towards(head_ip)
-        node = RayNode.start(task, ports, ip, temp_dir, head_address=address, resources=resources)
-        wait_until(
-            lambda: tcp_open(ip, ports.node_manager),
-            START_TIMEOUT_S,
-            f"this node's raylet (port {ports.node_manager}) did not answer within "
-            f"{START_TIMEOUT_S:.0f} s",
-            checks=(node.check, lambda: raise_if_head_failed(task)),
-        )
+        with ports_choice():  # as the head's
+            ports = free_ports(task, head=False)
+            node = RayNode.start(
+                task, ports, ip, temp_dir, head_address=address, resources=resources
+            )
+            wait_until(
+                lambda: tcp_open(ip, ports.node_manager),
+                START_TIMEOUT_S,
+                f"this node's raylet (port {ports.node_manager}) did not answer within "
+                f"{START_TIMEOUT_S:.0f} s",
+                checks=(node.check, lambda: raise_if_head_failed(task)),
+            )
         write_json(
             rendezvous / f"rank{task.rank}.joined",
             {

@@ -23,7 +23,8 @@ import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Mapping
+import tempfile
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 from slca_exp.core.task import (
@@ -37,6 +38,7 @@ from slca_exp.core.task import (
     object_store_bytes,
 )
 from slca_exp.launch import supervise
+from slca_exp.locks import file_lock
 
 SOCKET_DIR_MAX = 43
 """Longest temp dir Ray's unix sockets fit under: ``<temp dir>/session_<date>_<pid>/sockets/
@@ -159,6 +161,20 @@ class RayNode:
             import shutil
 
             shutil.rmtree(self.temp_dir, ignore_errors=True)
+
+
+PORTS_LOCK = Path(tempfile.gettempdir()) / "slca-exp-ray-ports.lock"
+"""The host's lock around choosing a Ray node's ports and binding them (:func:`ports_choice`)."""
+
+
+@contextlib.contextmanager
+def ports_choice() -> Iterator[None]:
+    """Hold this host's lock while a node picks its ports (:func:`free_ports`) and binds them.
+
+    Without it, two nodes starting at once on one host can both find the same block free.
+    """
+    with file_lock(PORTS_LOCK):
+        yield
 
 
 def free_ports(task: TaskInfo, *, head: bool) -> Ports:
