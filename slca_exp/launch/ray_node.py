@@ -163,8 +163,9 @@ class RayNode:
             shutil.rmtree(self.temp_dir, ignore_errors=True)
 
 
-PORTS_LOCK = Path(tempfile.gettempdir()) / "slca-exp-ray-ports.lock"
-"""The host's lock around choosing a Ray node's ports and binding them (:func:`ports_choice`)."""
+PORTS_LOCK = Path(tempfile.gettempdir()) / f"slca-exp-ray-ports-{os.getuid()}.lock"
+"""The host's lock around choosing a Ray node's ports and binding them (:func:`ports_choice`);
+one per user, since another user's lock file in the shared temp folder is not ours to open."""
 
 
 @contextlib.contextmanager
