@@ -65,7 +65,8 @@ class ServiceJob:
         """Serve until the server exits or the job is stopped; says why it ended."""
         d = self.definition
         port = d.port or free_port(d.host)
-        base_url = f"http://{advertised_host(d.host)}:{port}/v1"
+        host = advertised_host(d.host)
+        base_url = f"http://{host}:{port}/v1"
         command = server_command(d, d.host, port)
         env = dict(os.environ)
         if d.api_key_env:
@@ -88,7 +89,7 @@ class ServiceJob:
                 max_model_len=d.max_model_len,
                 server_version=served.version,
                 base_url=base_url,
-                host=advertised_host(d.host),
+                host=host,
                 port=port,
                 job_id=job_id(),
                 launcher=self.launcher,

@@ -13,7 +13,6 @@ and with every run judged or simulated through it.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import re
@@ -119,10 +118,11 @@ def identity_fields(definition: ServiceDefinition) -> dict[str, Any]:
 def definition_fingerprint(definition: ServiceDefinition) -> str:
     """sha256 (hex) of the canonical JSON of :func:`identity_fields`.
 
+    >>> from dataclasses import replace
     >>> a = ServiceDefinition(name="a", model="m", port=1)
-    >>> definition_fingerprint(a) == definition_fingerprint(dataclasses.replace(a, port=2))
+    >>> definition_fingerprint(a) == definition_fingerprint(replace(a, port=2))
     True
-    >>> definition_fingerprint(a) == definition_fingerprint(dataclasses.replace(a, dtype="float16"))
+    >>> definition_fingerprint(a) == definition_fingerprint(replace(a, dtype="float16"))
     False
     """
     canonical = json.dumps(identity_fields(definition), sort_keys=True, separators=(",", ":"))
@@ -236,8 +236,3 @@ def command_problems(definition: ServiceDefinition) -> list[tuple[str, str, str]
     if definition.port > 65535:
         found.append(("service.port", f"{definition.port} is not a port", "give 0 to 65535"))
     return found
-
-
-def definition_fields() -> list[str]:
-    """The keys of a definition, in order."""
-    return [f.name for f in dataclasses.fields(ServiceDefinition)]
