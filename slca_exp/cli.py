@@ -186,7 +186,7 @@ def _command(rest: list[str]) -> _Command:
 
     args = _parse(rest)
     dirs = [args.config_dir] if args.config_dir else []
-    unfolded = plan(args.overrides, dirs)
+    unfolded = plan(args.overrides, dirs, args.config_name)
     if unfolded.overrides != args.overrides:
         flags = list(rest)
         for override in args.overrides:  # the overrides are the positional arguments

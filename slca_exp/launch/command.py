@@ -8,6 +8,10 @@ any other sweep and the profile's problems are reported with the recipe's:
 - ``launcher=<profile>`` and ``launcher.<key>=<value>`` are taken out and replaced by
   ``hydra/launcher=slca_<profile>`` (see :mod:`slca_exp.launch.profiles`); without them Hydra's
   basic launcher runs the jobs here, as before.
+- ``judge.service=<name>`` (``simulator.service=``) with a judge option that asks no server
+  (the default ``rubric``), not chosen on the command line, adds ``judge=served``: the model
+  that service serves (:mod:`slca_exp.services.served`). A judge chosen on the command line is
+  kept, and a non-served one is refused with the key.
 """
 
 from __future__ import annotations
@@ -20,11 +24,15 @@ from omegaconf import OmegaConf
 
 from slca_exp.core.problems import Problem
 from slca_exp.launch.profiles import DEFAULT, GROUP, LauncherProfile, hydra_overrides, load_profile
-from slca_exp.preflight.compose import CONFIG_DIR
+from slca_exp.preflight.compose import CONFIG_DIR, CONFIG_NAME, chosen_backends
+from slca_exp.preflight.sections import is_remote
+from slca_exp.services.served import SERVED_GROUPS
 
 STUDY_GROUP = "sweep"
 SERVICE_GROUP = "service"
 """The group of ``slca-exp serve up`` (service definitions): not a run's."""
+SERVED_OPTION = "served"
+"""The judge and simulator option that is the model a named service serves."""
 
 
 @dataclass
@@ -42,8 +50,12 @@ class Plan:
     problems: list[Problem] = field(default_factory=list)
 
 
-def plan(overrides: Sequence[str], extra_config_dirs: Sequence[str] = ()) -> Plan:
-    """Unfold ``sweep=`` and ``launcher=`` in ``overrides``; collect every problem."""
+def plan(
+    overrides: Sequence[str],
+    extra_config_dirs: Sequence[str] = (),
+    config_name: str | None = None,
+) -> Plan:
+    """Unfold ``sweep=``, ``launcher=`` and named services in ``overrides``; collect problems."""
     problems: list[Problem] = []
     expanded, study = _unfold_study(list(overrides), extra_config_dirs, problems)
     rest, name, tweaks = [], DEFAULT, []
@@ -64,6 +76,7 @@ def plan(overrides: Sequence[str], extra_config_dirs: Sequence[str] = ()) -> Pla
             )
         else:
             rest.append(item)
+    rest += served_choices(rest, extra_config_dirs, config_name or CONFIG_NAME)
     if "," in name:
         problems.append(
             Problem(GROUP, f"cannot sweep over cluster profiles ({name})", "run one per command")
@@ -82,6 +95,29 @@ def plan(overrides: Sequence[str], extra_config_dirs: Sequence[str] = ()) -> Pla
     if profile is not None:
         rest = rest + hydra_overrides(name, profile)
     return Plan(rest, name, profile, study, problems)
+
+
+def served_choices(
+    overrides: Sequence[str], extra_config_dirs: Sequence[str] = (), config_name: str = CONFIG_NAME
+) -> list[str]:
+    """``<group>=served`` for each group that names a service and would ask no server.
+
+    A group whose option the command line chooses is left as chosen; so is one whose option
+    (from the primary config or an experiment) asks a served model, whose ``<group>.model`` is
+    then checked against the service.
+    """
+    keys = {o.split("=", 1)[0].lstrip("+~"): o.split("=", 1)[-1] for o in overrides}
+    added = []
+    for group in SERVED_GROUPS:
+        named = keys.get(f"{group}.service", "null").strip().strip("'\"")
+        if named in ("null", "") or group in keys:
+            continue
+        backends = chosen_backends(
+            overrides, group, config_name=config_name, extra_config_dirs=extra_config_dirs
+        )
+        if backends and not any(is_remote(group, b) for b in backends):
+            added.append(f"{group}={SERVED_OPTION}")
+    return added
 
 
 def study_names(extra_config_dirs: Sequence[str] = ()) -> list[str]:

@@ -169,6 +169,45 @@ def sweep_problems(overrides: Sequence[str]) -> list[Problem]:
     return problems
 
 
+def chosen_backends(
+    overrides: Sequence[str],
+    group: str,
+    *,
+    config_name: str = CONFIG_NAME,
+    extra_config_dirs: Sequence[str] = (),
+) -> set[str]:
+    """``<group>.backend`` of the option every job of ``overrides`` chooses for ``group``.
+
+    Only the config-group choices are composed (values are not applied). A job that does not
+    compose adds nothing: the full check reports its problem.
+    """
+    found: set[str] = set()
+    with hydra_context():
+        try:
+            parser, groups = OverridesParser.create(), _group_names()
+            choices = {
+                tuple(
+                    o.input_line for o in parser.parse_overrides(job) if _is_hydra_side(o, groups)
+                )
+                for job in expand_sweeps(overrides)
+            }
+        except HydraException:
+            return found
+        for job in choices:
+            hydra_overrides = list(job)
+            if extra_config_dirs:
+                dirs = ",".join(f"file://{Path(d).resolve()}" for d in extra_config_dirs)
+                hydra_overrides.append(f"hydra.searchpath=[{dirs}]")
+            try:
+                cfg = compose(config_name=config_name, overrides=hydra_overrides)
+            except (HydraException, OmegaConfBaseException):
+                continue
+            backend = OmegaConf.select(cfg, f"{group}.backend")
+            if backend is not None:
+                found.add(str(backend))
+    return found
+
+
 def expand_sweeps(overrides: Sequence[str]) -> list[list[str]]:
     """The override list of every job of a sweep (one list when nothing is swept)."""
     # The basic sweeper's own expansion, so that the jobs checked are the jobs Hydra launches.

@@ -176,8 +176,8 @@ def _check_service(group: str) -> Any:  # noqa: ANN401
                     f"{group}.service",
                     f"{group}.backend={service.backend} asks no server, so it cannot use the "
                     f"service {service.service!r}",
-                    f"pick an option that asks a served model ({_SERVED_OPTION[group]}) and "
-                    f"give the model the service serves ({group}.model=...), or set "
+                    f"pick {group}=served (the model the service serves), or "
+                    f"{_SERVED_OPTION[group]} with {group}.model=<the model it serves>, or set "
                     f"{group}.service=null",
                 )
             )
@@ -193,15 +193,16 @@ def _check_service(group: str) -> Any:  # noqa: ANN401
         if not is_remote(group, service.backend):
             return problems
         for key, example in (("model", "my-model"), ("base_url", "http://127.0.0.1:8000/v1")):
-            if key == "base_url" and service.service:
-                continue  # the service's record gives it, at job start
+            if service.service:
+                continue  # the service's record gives both (the model when not given)
             if not service[key]:
                 problems.append(
                     Problem(
                         f"{group}.{key}",
                         f"{group}.backend={service.backend} talks to a served model and needs "
                         f"{group}.{key}",
-                        f"set {group}.{key}={example}, or use {group}.backend={local}",
+                        f"set {group}.{key}={example}, name a service started with `slca-exp "
+                        f"serve up` ({group}.service=<its name>), or use {group}.backend={local}",
                     )
                 )
         if url and not url.startswith(("http://", "https://")):

@@ -10,6 +10,9 @@ A run names a service instead of a URL (``judge.service=<name>``). At job start,
 node, :func:`resolve_services` reads the record, waits a bounded time for the server to answer,
 and compares what the server says it serves (``/v1/models``: model id and max model length) with
 the record and with the run's ``judge.model``: a difference refuses the run, naming the key.
+A run that gives no model (``judge=served``, which a run naming a service with the default judge
+gets) takes the model the record says the service serves, and is checked against the server
+all the same.
 The run then talks to the recorded endpoint, and its recipe records the service's identity
 (:meth:`ServiceRecord.identity`) and the endpoint.
 
@@ -390,7 +393,9 @@ def _record_problems(group: str, svc: Any, record: ServiceRecord) -> list[Proble
                 f"name a {group} service (slca-exp serve status lists them)",
             )
         )
-    if svc.model != record.served_model_name:
+    if svc.model is None:  # judge=served (no model given): the model the service serves
+        svc.model = record.served_model_name
+    elif svc.model != record.served_model_name:
         problems.append(
             Problem(
                 f"{group}.model",

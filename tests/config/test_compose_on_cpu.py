@@ -33,7 +33,9 @@ def test_default_recipe_is_valid_and_typed():
     + [("experiment", o) for o in options("experiment")],
 )
 def test_every_option_of_every_group_composes_and_validates(group, option):
-    config = validate(compose_run([f"{group}={option}"]))
+    # judge=served / simulator=served is the model of a named service: it needs the name
+    named = [f"{group}.service=a_service"] if option == "served" else []
+    config = validate(compose_run([f"{group}={option}", *named]))
     assert config.engine.name in ENGINES
 
 

@@ -98,7 +98,7 @@ def test_a_job_no_node_of_its_partition_can_hold_is_refused(tmp_path, monkeypatc
     sinfo.write_text("#!/bin/sh\necho cpu 2 16000\necho cpu 4 21000\n")
     sinfo.chmod(0o755)
     monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
-    _, problems = load_profile("slurm_cpu")  # 8 CPUs and 32 GB
+    _, problems = load_profile("slurm_cpu", ["launcher.cpus_per_task=8", "launcher.mem_gb=32"])
     assert [p.key for p in problems] == ["launcher.cpus_per_task", "launcher.mem_gb"]
     assert "largest node of partition 'cpu' has 4" in problems[0].what
     assert "at most 20" in problems[1].fix

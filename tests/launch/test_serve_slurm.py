@@ -6,8 +6,9 @@ own, recorded in the registry once ``/v1/models`` lists its model). It requires 
 handed over in its environment only. The module serves it once; the tests, in order:
 
 - ``serve up`` / ``status``: recorded with its job, host:port, model and server version;
-- a 2-job sweep (``-m seed=0,1``, SLURM jobs) resolves it at job start and is judged through it;
-  the recipe and the parent run record the service; no key anywhere;
+- a 2-job sweep (``-m judge.service=loopback_judge seed=0,1``, SLURM jobs, the default judge
+  otherwise) resolves it at job start and is judged through it, by the model it serves; the
+  recipe and the parent run record the service; no key anywhere;
 - a run whose judge model is not the service's is refused, naming ``judge.model``;
 - the service's job killed mid-run: the run counts judge failures and goes on, ``status`` says
   dead, ``serve up`` starts it again under the same name, and the run follows it;
@@ -36,11 +37,10 @@ pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.usefixtures("slur
 REPO = Path(__file__).resolve().parents[2]
 EXE = str(Path(sys.executable).parent / "slca-exp")
 NAME = "loopback_judge"
+MODEL = "loopback-judge"
 SERVE_SMALL = ["launcher=slurm_cpu", "launcher.partition=null"]
 JUDGED = [  # every rollout is judged (no short-circuit), by the served judge, with the key
-    "judge=openai",
-    "judge.model=loopback-judge",
-    f"judge.service={NAME}",
+    f"judge.service={NAME}",  # the default judge: the run takes judge=served, the model it serves
     "judge.short_circuit_no_tool_response=false",
     "judge.min_reply_chars=0",
     "judge.cache=false",
@@ -149,6 +149,7 @@ def test_a_two_job_sweep_resolves_and_shares_the_served_judge(served):
             Path(client.download_artifacts(child.info.run_id, "recipe.json", str(out))).read_text()
         )
         assert recipe["judge"]["service"] == record.identity()
+        assert (recipe["judge"]["backend"], recipe["judge"]["model"]) == ("openai", MODEL)
         assert recipe["endpoints"] == {"judge": record.base_url}
         assert child.data.metrics["judge/failures"] == 0
         assert child.data.metrics["judge/requests"] > 0

@@ -292,6 +292,52 @@ def test_what_the_server_serves_must_be_what_the_run_and_the_registry_say(tmp_pa
     assert key == "judge.api_key_env" and "HTTP 401" in what
 
 
+def test_naming_a_service_with_the_default_judge_judges_with_the_model_it_serves(tmp_path, capsys):
+    from slca_exp.cli import main
+    from slca_exp.launch.command import plan
+
+    # The default judge (rubric) asks no server: naming a service picks judge=served, for every
+    # job of a sweep; a judge chosen on the command line or by an experiment stays as chosen.
+    named = ["judge.service=judge1", "seed=0,1"]
+    assert plan([*named, "launcher=slurm_cpu"]).overrides[-2:] == [
+        "judge=served",
+        "hydra/launcher=slca_slurm_cpu",
+    ]
+    assert plan(["simulator.service=sim1"]).overrides == [
+        "simulator.service=sim1",
+        "simulator=served",
+    ]
+    for kept in (
+        ["judge=openai"],
+        ["judge=rubric"],
+        ["experiment=paper_7b"],
+        ["judge.service=null"],
+    ):
+        assert "judge=served" not in plan([*named, *kept]).overrides, kept
+    with serve_in_thread(models=("loopback-judge",), max_model_len=4096) as server:
+        ServiceRegistry(tmp_path).publish(record_for(server))
+        base = [f"judge.service_registry={tmp_path}", "judge.service_wait_s=3", "data.rows=8"]
+        config = validate(compose_run(plan(["judge.service=judge1", *base]).overrides))
+        assert (config.judge.backend, config.judge.model) == ("openai", None)
+        resolved = resolve_services(config, wait=True)
+        recipe = build_recipe(config, served=resolved)
+    assert config.judge.model == "loopback-judge"  # the model the record says it serves
+    assert recipe.judge["model"] == "loopback-judge"
+    assert recipe.judge["service"]["served_model_name"] == "loopback-judge"
+    assert recipe.tags()["slca.judge"].startswith(
+        "openai:loopback-judge@hierr-judge-v1 via judge1@"
+    )
+    # a judge chosen on the command line that asks no server is refused, with the option to pick
+    assert main(["validate", "judge=rubric", "judge.service=judge1", "--offline"]) == 2
+    err = capsys.readouterr().err
+    assert "judge.service: judge.backend=rubric asks no server" in err and "judge=served" in err
+    # judge=served names no model: without a service, the run is refused naming both ways out
+    assert main(["validate", "judge=served", "--offline"]) == 2
+    err = capsys.readouterr().err
+    assert "judge.model: judge.backend=openai talks to a served model" in err
+    assert "judge.service=<its name>" in err
+
+
 def test_an_unknown_or_silent_service_refuses_the_run_naming_the_key(tmp_path):
     registry = ServiceRegistry(tmp_path)
     with pytest.raises(ConfigError) as err:
