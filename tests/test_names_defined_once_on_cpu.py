@@ -14,6 +14,7 @@ import re
 from pathlib import Path
 
 from slca_exp.core import names, tags
+from tests.syntax import parse
 
 PACKAGE = Path(names.__file__).resolve().parents[1]
 HOMES = {Path(names.__file__).resolve(), Path(tags.__file__).resolve()}
@@ -59,7 +60,7 @@ def _is_key(module: object, value: str) -> bool:
 
 def literal_problems(source: str, known: dict[str, str], where: str) -> list[str]:
     """``where:line: literal -> spelling`` for each name spelled in ``source``'s code."""
-    tree = ast.parse(source)
+    tree = parse(source)
     skip = {id(node.value) for node in ast.walk(tree) if _is_doc(node)}
     for node in ast.walk(tree):
         if isinstance(node, ast.JoinedStr):  # its text is checked as a whole, below

@@ -28,6 +28,7 @@ from slca_exp.rewards import read_gold
 
 from ..rewards.toucan import ROWS as TOUCAN_ROWS
 from ..rewards.toucan import truth
+from ..syntax import parse
 
 PACKAGE = Path(view_module.__file__).resolve().parents[1]
 HOMES = {Path(view_module.__file__).resolve(), Path(layout_module.__file__).resolve()}
@@ -189,7 +190,7 @@ def _read(view: Row) -> dict:
 
 def hand_parsed(source: str, where: str) -> list[str]:
     """``where:line: <code>`` for each subscript of ``source`` that indexes a row's layout key."""
-    tree = ast.parse(source)
+    tree = parse(source)
     found = [
         (node.lineno, ast.get_source_segment(source, node))
         for node in ast.walk(tree)

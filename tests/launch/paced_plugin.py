@@ -2,7 +2,9 @@
 
 Each RL step takes at least ``PACE_S`` seconds (steps that take longer are not slowed): a test
 that must catch a run in the middle of its steps (SLURM's time-limit signal) then does not
-depend on how fast the machine computes them, and a loaded machine does not pay twice.
+depend on how fast the machine computes them, and a loaded machine does not pay twice. A
+requeued SLURM job (``SLURM_RESTART_COUNT`` > 0) paces its steps at ``PACE_RESUMED_S`` when that
+is set: there is nothing left to catch once the job has been requeued.
 Everything else is the local engine: checkpoints, resume, trackers.
 """
 
@@ -33,7 +35,10 @@ class PacedTracker:
 
 class PacedLocalEngine(LocalEngine):
     def run(self, config, recipe, tracker):
-        return super().run(config, recipe, PacedTracker(tracker, float(os.environ["PACE_S"])))
+        pace = os.environ["PACE_S"]
+        if int(os.environ.get("SLURM_RESTART_COUNT") or 0) > 0:
+            pace = os.environ.get("PACE_RESUMED_S", pace)
+        return super().run(config, recipe, PacedTracker(tracker, float(pace)))
 
 
 ENGINES.register("paced_local", PacedLocalEngine())

@@ -116,20 +116,20 @@ def test_a_2x2_sweep_is_one_array_job_with_a_parent_and_four_children(tmp_path):
 
 def test_a_time_limit_checkpoints_requeues_and_continues_the_same_run(tmp_path):
     # slurmctld checks time limits every 30 s and sends the --signal at the first check that
-    # is less than 30 s before the signal time: with a 3-minute limit and the signal 60 s
-    # before it, the signal arrives 90 to 120 s in, well after the run's start-up (up to 40 s
-    # on a loaded machine). Each RL step is paced (at least 4 s), so the first run is in the
-    # middle of its 30 steps then, however fast this machine is, and the requeued run has
-    # fewer than 20 steps left, however slow a loaded machine makes them.
+    # is less than 30 s before the signal time: with a 2-minute limit and the signal 30 s
+    # before it, the signal arrives 60 to 90 s in, well after the run's start-up (up to 40 s
+    # on a loaded machine). Each RL step of the first run is paced (at least 4 s), so that run
+    # is in the middle of its 30 steps then, however fast this machine is; the requeued run
+    # (released with a longer limit) does the rest at 0.5 s a step.
     steps = 30
     proc = submit(
         tmp_path,
         *TINY_LOCAL,
         "engine.name=paced_local",
         f"engine.rl.steps={steps}",
-        "launcher.timeout_min=3",
-        "launcher.signal_delay_s=60",
-        env=_env(SLCA_EXP_PLUGINS="tests.launch.paced_plugin", PACE_S="4.0"),
+        "launcher.timeout_min=2",
+        "launcher.signal_delay_s=30",
+        env=_env(SLCA_EXP_PLUGINS="tests.launch.paced_plugin", PACE_S="4.0", PACE_RESUMED_S="0.5"),
         wait=False,
     )
     released, deadline = set(), time.time() + 480
