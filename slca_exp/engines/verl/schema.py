@@ -97,7 +97,8 @@ class VerlConfig:
     dump_batches: bool = param(
         False,
         "write each RL step's batch as the actor receives it (advantages, response mask, "
-        "scores, the reward side's per-rollout facts) to <run folder>/verl/batches/step_<n>.pt",
+        "scores, old log-probs, token ids, the reward side's per-rollout facts) to "
+        "<run folder>/verl/batches/step_<n>.pt",
     )
     overrides: list[str] = param(
         default_factory=list,

@@ -276,20 +276,28 @@ def _tag_active_run(key: str, value: str) -> None:
 def dump_batch(batch: Any, infos: Sequence[Mapping[str, Any]], path: Path) -> Path:  # noqa: ANN401
     """Write what the actor will train on at this step, as the trainer holds it.
 
-    ``torch.save`` of a dict: ``advantages``, ``response_mask`` and ``rm_scores`` ((B, T),
-    padded), ``uid`` (B group ids), and the reward side's ``reward_extra_info`` rows (``infos``),
-    in the batch's row order. Written to a temporary name first, then renamed.
+    ``torch.save`` of a dict: ``advantages``, ``response_mask``, ``rm_scores`` and
+    ``old_log_probs`` ((B, T), padded; the last are the actor's log-probs of the response tokens
+    before this step's update), ``prompts`` and ``responses`` (each row's token ids, unpadded),
+    ``uid`` (B group ids), and the reward side's ``reward_extra_info`` rows (``infos``), in the
+    batch's row order. Written to a temporary name first, then renamed.
     """
     import transfer_queue as tq
 
-    fields = ["advantages", "response_mask", "rm_scores", "uid"]
+    fields = ["advantages", "response_mask", "rm_scores", "old_log_probs", "uid"]
     data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=fields)
     padded = data.to_padded_tensor()
     uid = padded.pop("uid").tolist()  # a non-tensor stack (indexing gives a list-like view)
+    tokens = tq.kv_batch_get(
+        keys=batch.keys, partition_id=batch.partition_id, select_fields=["prompts", "responses"]
+    )
     record = {
         "advantages": padded["advantages"].detach().cpu(),
         "response_mask": padded["response_mask"].detach().cpu(),
         "rm_scores": padded["rm_scores"].detach().cpu(),
+        "old_log_probs": padded["old_log_probs"].detach().cpu(),
+        "prompts": [row.tolist() for row in tokens["prompts"].unbind()],
+        "responses": [row.tolist() for row in tokens["responses"].unbind()],
         "uid": [str(u) for u in uid],
         "infos": [dict(info) for info in infos],
     }
