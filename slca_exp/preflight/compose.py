@@ -194,12 +194,10 @@ def chosen_backends(
         except HydraException:
             return found
         for job in choices:
-            hydra_overrides = list(job)
-            if extra_config_dirs:
-                dirs = ",".join(f"file://{Path(d).resolve()}" for d in extra_config_dirs)
-                hydra_overrides.append(f"hydra.searchpath=[{dirs}]")
             try:
-                cfg = compose(config_name=config_name, overrides=hydra_overrides)
+                cfg = compose(
+                    config_name=config_name, overrides=[*job, *_searchpath(extra_config_dirs)]
+                )
             except (HydraException, OmegaConfBaseException):
                 continue
             backend = OmegaConf.select(cfg, f"{group}.backend")
@@ -234,9 +232,7 @@ def _compose(
     hydra_side = [o for o in parsed if _is_hydra_side(o, groups)]
     values = [o for o in parsed if not _is_hydra_side(o, groups)]
     hydra_overrides = [o.input_line for o in hydra_side if o.input_line]
-    if extra_config_dirs:
-        dirs = ",".join(f"file://{Path(d).resolve()}" for d in extra_config_dirs)
-        hydra_overrides.append(f"hydra.searchpath=[{dirs}]")
+    hydra_overrides += _searchpath(extra_config_dirs)
     key = (config_name, *hydra_overrides)
     composed = cache.get(key) if cache is not None else None
     if composed is None:
@@ -251,6 +247,14 @@ def _compose(
     cfg = copy.deepcopy(composed) if cache is not None else composed
     problems = [p for o in values if (p := _apply(cfg, o)) is not None]
     return cfg, problems + problems_of(cfg)
+
+
+def _searchpath(extra_config_dirs: Sequence[str]) -> list[str]:
+    """The Hydra override that searches the user's config folders too (none without any)."""
+    if not extra_config_dirs:
+        return []
+    dirs = ",".join(f"file://{Path(d).resolve()}" for d in extra_config_dirs)
+    return [f"hydra.searchpath=[{dirs}]"]
 
 
 def _group_names() -> set[str]:
