@@ -26,13 +26,11 @@ from slca_exp.core.problems import Problem
 from slca_exp.launch.profiles import DEFAULT, GROUP, LauncherProfile, hydra_overrides, load_profile
 from slca_exp.preflight.compose import CONFIG_DIR, CONFIG_NAME, chosen_backends
 from slca_exp.preflight.sections import is_remote
-from slca_exp.services.served import SERVED_GROUPS
+from slca_exp.services.served import SERVED_GROUPS, SERVED_OPTION
 
 STUDY_GROUP = "sweep"
 SERVICE_GROUP = "service"
 """The group of ``slca-exp serve up`` (service definitions): not a run's."""
-SERVED_OPTION = "served"
-"""The judge and simulator option that is the model a named service serves."""
 
 
 @dataclass

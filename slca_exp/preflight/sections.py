@@ -17,6 +17,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from slca_exp.core.problems import Problem
 from slca_exp.registry import Registry
 from slca_exp.services.definition import NAME_PATTERN
+from slca_exp.services.served import SERVED_OPTION
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -176,7 +177,7 @@ def _check_service(group: str) -> Any:  # noqa: ANN401
                     f"{group}.service",
                     f"{group}.backend={service.backend} asks no server, so it cannot use the "
                     f"service {service.service!r}",
-                    f"pick {group}=served (the model the service serves), or "
+                    f"pick {group}={SERVED_OPTION} (the model the service serves), or "
                     f"{_SERVED_OPTION[group]} with {group}.model=<the model it serves>, or set "
                     f"{group}.service=null",
                 )

@@ -44,6 +44,9 @@ POLL_S = 2.0
 ASK_TIMEOUT_S = 10.0
 """How long one ``GET /v1/models`` may take."""
 SERVED_GROUPS = ("judge", "simulator")
+SERVED_OPTION = "served"
+"""The judge and simulator option (``conf/<group>/served.yaml``) that is the model a named
+service serves."""
 
 
 class ServiceUnreachable(Exception):
