@@ -28,14 +28,19 @@ prints the jobs, the resources and the sbatch script, and submits and creates no
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from slca_exp.core.problems import ConfigError, Problem
 from slca_exp.plugins import load_plugins
 from slca_exp.preflight.compose import CONFIG_NAME
+
+if TYPE_CHECKING:
+    from slca_exp.tracking.redact import Redactor
 
 USAGE = __doc__.split("\n\n")[1]
 
@@ -55,7 +60,8 @@ options:
   --offline        --dry-run / --cfg: do not ask the judge and simulator servers whether they
                    answer (when they start with the job, on the cluster)
   -m, --multirun   run one job per combination of the listed values (a=1,2 b=x,y)
-  --cfg job|hydra|all  print the composed config of every job (checked first), run nothing
+  --cfg job|hydra|all  print the composed config of every job, then its problems (exit 2);
+                   runs and submits nothing
   --resolve        with --cfg: resolve interpolations
   --config-dir DIR     a folder of your own options (DIR/judge/my_judge.yaml: judge=my_judge)
   --config-name NAME   the primary config (default: config)
@@ -64,8 +70,8 @@ options:
 
 overrides:
   group=option     pick an option of a config group (below)
-  key=value        set a value (reward.tool_weights.name=0.3); `slca-exp train --cfg job`
-                   prints every key
+  key=value        set a value (reward.tool_weights.name=0.3); every key and its value:
+                   slca-exp train --cfg job
   launcher=NAME    a cluster profile (launchers/); launcher.<key>=value adjusts it
   sweep=NAME       a ready study (sweeps/), with -m
 
@@ -76,7 +82,7 @@ config groups:
 VALIDATE_HELP = """\
 usage: slca-exp validate [--offline] [-m] [--config-dir DIR] [--config-name NAME] [OVERRIDES]
 
-Check a recipe as `slca-exp train` would before it starts, for every job of a sweep (-m): the
+Check a recipe as slca-exp train would before it starts, for every job of a sweep (-m): the
 config, the recipe's files and weights, the engine's own check, the launcher, and whether each
 remote judge and simulator answers. Prints every problem (exit 2) or "the recipe is valid"
 (exit 0); creates nothing. A synthetic split that a run would generate is reported as such.
@@ -264,19 +270,34 @@ def _train(rest: list[str]) -> int:
     args, rest = command.args, command.rest
     if args.cfg and not args.config_path:
         return _show_cfg(command, probe=not offline)
-    if command.submits and not args.multirun:
+    informational = args.help or args.hydra_help or args.shell_completion or args.info or args.cfg
+    if command.submits and not args.multirun and not informational:
         # Hydra runs a single job here whatever the launcher; a launcher that submits makes the
-        # job a sweep of one, so `train launcher=slurm_cpu` goes to the cluster.
+        # job a sweep of one, so `train launcher=slurm_cpu` goes to the cluster. Not when Hydra
+        # only prints (--cfg, --info): it refuses those with -m, and nothing is to be submitted.
         rest = ["-m", *rest]
         args = _parse(rest)
-    informational = args.help or args.hydra_help or args.shell_completion or args.info
     from slca_exp import train
 
     if informational or args.config_path:
         # With --config-path the primary config is not ours to pre-check; the task validates it.
+        if args.cfg and args.multirun:
+            command.problems.append(
+                Problem(
+                    "-m",
+                    "--cfg prints one config, and with --config-path the jobs of a sweep are "
+                    "not expanded here",
+                    "drop -m and give one value per key, or give your folder with --config-dir "
+                    "instead of --config-path to print every job",
+                )
+            )
         if command.problems:
             return _refused(command.problems)
         sys.argv = ["slca-exp", *rest]
+        if args.cfg:  # Hydra prints the config: through the redactor, as _show_cfg does
+            from slca_exp.tracking.redact import Redactor
+
+            return _redacted(train.main, Redactor.from_env())
         train.main()
         return 0
     # Every job, before Hydra creates an output folder or a tracker opens a run.
@@ -298,36 +319,68 @@ def _train(rest: list[str]) -> int:
 
 
 def _show_cfg(command: _Command, *, probe: bool) -> int:
-    """``--cfg job|hydra|all``: every job's config, printed once every job passed the checks.
+    """``--cfg job|hydra|all``: every job's composed config, then the recipe's problems.
 
-    Works with every launcher and with ``-m``: Hydra prints one job's config at a time (it
-    refuses ``--cfg`` with ``-m``), so each job of a sweep is printed under its overrides.
-    Whatever Hydra prints goes through the run's redactor first.
+    As Hydra does, the config is printed whatever its values (on stdout); the problems the
+    checks find follow on stderr, and the exit status is 2 when there are any. Only a job that
+    does not compose (an unknown option, a bad override) prints nothing but its problems. Works
+    with every launcher and with ``-m``: Hydra prints one job's config at a time (it refuses
+    ``--cfg`` with ``-m``), so each job of a sweep is printed under its overrides. Once every
+    job passed the checks, its engine's description follows its config. Whatever Hydra prints
+    goes through the run's redactor first.
     """
     from hydra.core.global_hydra import GlobalHydra
 
     from slca_exp import train
-    from slca_exp.tracking.redact import Redactor
 
     checked = _preflight(command, probe=probe)
-    if checked.problems:
+    if not checked.composed:
         return _refused(checked.problems)
     args = command.args
     flags = [a for a in command.rest if a not in ("-m", "--multirun")]
     for override in args.overrides:
         flags.remove(override)
-    for i, (job, config) in enumerate(zip(checked.jobs, checked.typed, strict=True)):
+    for i, (job, cfg) in enumerate(zip(checked.jobs, checked.composed, strict=True)):
         if len(checked.jobs) > 1:
             print(f"# job #{i}: {' '.join(job) or '(defaults)'}")
-        shown = io.StringIO()
         GlobalHydra.instance().clear()
         sys.argv = ["slca-exp", *flags, *job]
-        with contextlib.redirect_stdout(shown):
-            train.main()
-            if status := _describe_engines([config], write=False):
-                return status
-        print(Redactor.for_config(config).text(shown.getvalue()), end="")
+        # Without problems every job passed, so checked.typed holds one config per job.
+        described = None if checked.problems else checked.typed[i]
+        show = functools.partial(_print_job, train.main, described)
+        if status := _redacted(show, _redactor(cfg)):
+            return status
+    if checked.problems:
+        sys.stdout.flush()  # the configs first, then what is wrong with them
+        return _refused(checked.problems)
     return 0
+
+
+def _print_job(print_config: Callable[[], object], config: object) -> int:
+    """Hydra's print of one job's config, then (for a checked ``config``) its engine's."""
+    print_config()
+    return 0 if config is None else _describe_engines([config], write=False)
+
+
+def _redacted(show: Callable[[], object], redactor: Redactor) -> int:
+    """Run ``show`` with its stdout captured, then print that text through ``redactor``."""
+    shown = io.StringIO()
+    with contextlib.redirect_stdout(shown):
+        status = show()
+    print(redactor.text(shown.getvalue()), end="")
+    return status if isinstance(status, int) else 0
+
+
+def _redactor(cfg: object) -> Redactor:
+    """The run's redactor for a composed, maybe unchecked, config."""
+    from omegaconf.errors import OmegaConfBaseException
+
+    from slca_exp.tracking.redact import Redactor
+
+    try:
+        return Redactor.for_config(cfg)
+    except OmegaConfBaseException:  # a service's key variable does not resolve: not named
+        return Redactor.from_env()
 
 
 def _describe_engines(configs: list, *, write: bool) -> int:

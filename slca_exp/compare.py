@@ -319,13 +319,21 @@ def main(argv: Sequence[str]) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="slca-exp compare", description=__doc__.split("\n\n")[0])
+    # Plain text: the module docstring's markup would reach the terminal as it is.
+    parser = argparse.ArgumentParser(
+        prog="slca-exp compare",
+        description="A table and plots of a sweep's runs, and a comparability guard. "
+        "EXPERIMENT_OR_SWEEP is a sweep id, a sweep's parent run id, or an MLflow experiment "
+        "name (all its runs but sweep parents); runs that differ only in seed are one row, "
+        "mean +/- std.",
+    )
     parser.add_argument(
         "target", metavar="EXPERIMENT_OR_SWEEP", help="sweep id, parent run id or experiment name"
     )
     parser.add_argument(
         "--metric",
         action="append",
+        metavar="M",
         help="metric to tabulate (repeatable); default: headline rewards",
     )
     parser.add_argument(
@@ -334,13 +342,18 @@ def _parser() -> argparse.ArgumentParser:
         help="refuse (exit 2) when runs differ in an unswept recipe component",
     )
     parser.add_argument(
-        "--tracking-uri", help="MLflow tracking URI; default: as `slca-exp train` logs"
+        "--tracking-uri",
+        metavar="URI",
+        help="MLflow tracking URI; default: the store slca-exp train logs to",
     )
     parser.add_argument(
-        "--out", help="folder for plots and table.md; default outputs/compare/<target>"
+        "--out",
+        metavar="DIR",
+        help="folder for plots and table.md; default outputs/compare/<target>",
     )
     parser.add_argument(
         "--ui-url",
+        metavar="URL",
         default=os.environ.get("SLCA_EXP_MLFLOW_UI"),
         help="MLflow UI base URL for the compare link; default $SLCA_EXP_MLFLOW_UI, the "
         f"tracking server, or {DEFAULT_UI_URL}",

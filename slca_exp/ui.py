@@ -7,11 +7,12 @@ server whose UI opens an experiment tagged for model training in the Model train
 store ``slca-exp train`` logs to, or on ``--tracking-uri``; bound to 127.0.0.1 unless ``--host``
 says otherwise. Prints the UI's address and each experiment's page, then serves until Ctrl-C::
 
-    slca-exp ui: MLflow UI on sqlite:///.../outputs/mlflow.db at http://127.0.0.1:5000
+    slca-exp ui: MLflow UI on sqlite:///outputs/mlflow.db at http://127.0.0.1:5000
     slca-exp ui:   slca-exp: http://127.0.0.1:5000/#/experiments/1
 
-A store that does not exist, a tracking server (it has its own UI) or a port in use exit with
-status 2 and say what to pass instead.
+A sqlite store under the current folder is named relative to it (as ``--tracking-uri`` takes
+it from there). A store that does not exist, a tracking server (it has its own UI) or a port in
+use exit with status 2 and say what to pass instead.
 """
 
 from __future__ import annotations
@@ -44,9 +45,11 @@ def main(argv: Sequence[str]) -> int:
         args = _parser().parse_args(list(argv))
     except SystemExit as exit_:  # argparse has printed the usage and the reason
         return int(exit_.code or 0)
-    from slca_exp.tracking.uris import default_tracking_uri
+    from slca_exp.core.shown import shown_uri
+    from slca_exp.tracking.uris import absolute_uri, default_tracking_uri
 
-    uri = args.tracking_uri or default_tracking_uri()
+    # Absolute, as compare resolves it: the server's artifact folder is derived from it.
+    uri = absolute_uri(args.tracking_uri) if args.tracking_uri else default_tracking_uri()
     try:
         command = server_command(uri, args.host, args.port, explicit=bool(args.tracking_uri))
         _check_port(args.host, args.port)
@@ -54,7 +57,7 @@ def main(argv: Sequence[str]) -> int:
         print(f"{PREFIX}{err}", file=sys.stderr)
         return EXIT_REFUSED
     url = f"http://{args.host}:{args.port}"
-    print(f"{PREFIX}MLflow UI on {uri} at {url}", flush=True)
+    print(f"{PREFIX}MLflow UI on {shown_uri(uri)} at {url}", flush=True)
     for name, link in experiment_links(uri, url):
         print(f"{PREFIX}  {name}: {link}", flush=True)
     return _serve(command)
@@ -131,9 +134,16 @@ def _serve(command: list[str]) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="slca-exp ui", description=__doc__.split("\n\n")[0])
+    # Plain text: the module docstring's markup would reach the terminal as it is.
+    parser = argparse.ArgumentParser(
+        prog="slca-exp ui",
+        description="MLflow's UI on the runs' store, each experiment opened in its own view "
+        "(training runs: Model training); prints the address, then serves until Ctrl-C.",
+    )
     parser.add_argument(
-        "--tracking-uri", help="MLflow tracking URI of the store; default: as `slca-exp train` logs"
+        "--tracking-uri",
+        metavar="URI",
+        help="MLflow tracking URI of the store; default: the store slca-exp train logs to",
     )
     parser.add_argument(
         "--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)"

@@ -1,11 +1,17 @@
-"""The command line, run as a user runs it: a subprocess of the installed console script."""
+"""The command line, run as a user runs it: a subprocess of the installed console script (the
+help texts, which start nothing, in this process)."""
 
+import argparse
+import importlib
+import re
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from slca_exp.cli import USAGE, main
 
 EXE = shutil.which("slca-exp") or str(Path(sys.executable).parent / "slca-exp")
 
@@ -87,3 +93,56 @@ def test_unknown_option_is_one_clear_line(tmp_path, command):
     assert res.returncode == 2 and "choose one of: " in res.stderr
     assert "qwen2.5-7b-instruct" in res.stderr and "tiny" in res.stderr
     assert "Traceback" not in res.stderr
+
+
+# --- help for a terminal -----------------------------------------------------------------------
+
+COMMAND_MODULES = {  # the commands whose help argparse writes: their sub-commands are found there
+    "compare": "slca_exp.compare",
+    "ui": "slca_exp.ui",
+    "data": "slca_exp.data.cli",
+    "serve": "slca_exp.serve.cli",
+}
+MARKUP = re.compile(
+    r"``[^`]*``"  # an RST literal
+    r"|:[a-z]+(?::[a-z]+)?:`[^`]*`"  # an RST role (:func:`x`, :py:mod:`x`)
+    r"|`[^`\n]+`"  # interpreted text, or Markdown code
+    r"|::$"  # a literal block follows
+    r"|^\s*\.\. [a-z-]+::",  # a directive
+    flags=re.MULTILINE,
+)
+
+
+def every_help_command() -> list[tuple[str, ...]]:
+    """``()`` (slca-exp itself), every command of the usage, and every sub-command of those."""
+    commands = re.findall(r"^\s*slca-exp (\w+)", USAGE, flags=re.MULTILINE)
+    assert {"train", "validate", *COMMAND_MODULES} == set(commands), "a command has no entry here"
+    found: list[tuple[str, ...]] = [(), *((c,) for c in commands)]
+    for command, module in COMMAND_MODULES.items():
+        parser = importlib.import_module(module)._parser()
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                found += [(command, sub) for sub in action.choices]
+    return found
+
+
+def exit_status(args: list[str]) -> int:
+    """What the console script exits with (argparse's --help exits from inside some commands)."""
+    try:
+        return main(args)
+    except SystemExit as exit_:
+        return int(exit_.code or 0)
+
+
+def test_every_commands_help_is_plain_text_without_markup(capsys):
+    helps = every_help_command()
+    assert ("serve", "down") in helps and ("data", "synth") in helps
+    marked = {}
+    for command in helps:
+        assert exit_status([*command, "--help"]) == 0, command
+        out, err = capsys.readouterr()
+        assert out.startswith("usage:") and err == "", command
+        found = sorted({m.group(0) for m in MARKUP.finditer(out)})
+        if found:
+            marked[" ".join(["slca-exp", *command, "--help"])] = found
+    assert marked == {}, f"reStructuredText or Markdown in a terminal's help: {marked}"

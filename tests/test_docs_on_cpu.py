@@ -5,6 +5,8 @@
     README.md: at most 200 lines, `make demo` and `make test` first, a link to every docs/ file
     README.md and docs/*.md: every relative link and #anchor resolves inside the repository,
         every repository path written as code exists, every `group=option` in the README exists
+    README.md, docs/ and the package: no absolute path of one machine; with tests/: no tracker
+        item cited
 
 Each check reads files only (no Hydra, no subprocess), so the whole file takes well under a
 second.
@@ -202,3 +204,41 @@ def test_every_group_option_in_the_readme_exists():
         if group in groups:
             unknown += [f"{group}={v}" for v in values.split(",") if v not in groups[group]]
     assert not unknown, f"README.md picks options conf/ does not have: {unknown}"
+
+
+# --- (d) nothing of one machine or of the tracker ----------------------------------------------
+
+MACHINE_PATH = re.compile(r"(?<![\w.])/(?:work|root|home/[a-z]+)/")
+"""An absolute path of one machine: a reader's sample output names their own folders instead."""
+TRACKER_ITEM = re.compile(r"\b[Ii]ssues? #?[0-9]+")
+"""A reference to a tracker item, which says nothing to a reader of the repository."""
+
+
+def shipped_files(*folders: str) -> list[Path]:
+    """The package's sources, configs and prompts (or the tests'), without caches."""
+    return [
+        p
+        for folder in folders
+        for p in (ROOT / folder).rglob("*")
+        if p.suffix in (".py", ".yaml", ".txt") and "__pycache__" not in p.parts
+    ]
+
+
+def test_no_page_or_package_file_names_a_machine_path():
+    found = [
+        f"{p.relative_to(ROOT)}:{n}: {line.strip()}"
+        for p in [*PAGES, *shipped_files("slca_exp")]
+        for n, line in enumerate(p.read_text().splitlines(), start=1)
+        if MACHINE_PATH.search(line)
+    ]
+    assert not found, "name paths relative to where the command runs:\n" + "\n".join(found)
+
+
+def test_no_page_package_or_test_file_cites_a_tracker_item():
+    found = [
+        f"{p.relative_to(ROOT)}:{n}: {line.strip()}"
+        for p in [*PAGES, *shipped_files("slca_exp", "tests")]
+        for n, line in enumerate(p.read_text().splitlines(), start=1)
+        if TRACKER_ITEM.search(line)
+    ]
+    assert not found, "say what is checked instead:\n" + "\n".join(found)

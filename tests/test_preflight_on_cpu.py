@@ -1,9 +1,11 @@
-"""What a user runs before a submission: the commands of issue 19, as a user types them.
+"""What a user runs before a submission (``--cfg``, ``validate``, ``--dry-run``, ``--help``), typed
+as a user types them: each command's exit status, its output, and that it creates nothing.
 
 Every command runs as a subprocess of the installed console script, each in a launch folder of
 its own that must stay empty; they start together (one fixture) so that their Python start-ups
-overlap. No SLURM is consulted (a failing ``sinfo`` comes first on PATH) and the Hugging Face
-cache is empty, so the answers are the same on every machine.
+overlap. No SLURM is consulted (a failing ``sinfo`` comes first on PATH, and an ``sbatch`` that
+only leaves a mark) and the Hugging Face cache is empty, so the answers are the same on every
+machine.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from hypothesis import given
+from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from slca_exp.config.schema import RunConfig
@@ -43,24 +45,30 @@ base_url: http://127.0.0.1:8000/v1
 temprature: 0.2
 """
 
+CONFIG_PATH = ["--config-path", str(CONFIG_DIR)]  # a primary config folder of the user's own
+
 COMMANDS = {
-    # 1: a profile that submits, and a ready study, with --cfg (Hydra refuses --cfg with -m)
+    # a profile that submits, and a ready study, with --cfg (Hydra refuses --cfg with -m)
     "cfg_slurm": ["train", "--cfg", "job", "launcher=slurm_cpu"],
     "cfg_submitit_local": ["train", "--cfg", "job", "launcher=submitit_local"],
     "cfg_study": ["train", "--cfg", "job", "-m", "sweep=reward_weights"],
-    # 2: what train refuses, validate refuses
+    # --cfg prints the composed config whatever its values, as Hydra does, and submits nothing
+    "cfg_invalid": ["train", "--cfg", "job", "experiment=paper_7b"],
+    "cfg_config_path": ["train", "--cfg", "job", *CONFIG_PATH, "launcher=slurm_cpu"],
+    "cfg_config_path_sweep": ["train", "--cfg", "job", "-m", *CONFIG_PATH, "seed=1,2"],
+    # what train refuses, validate refuses
     "toucan": ["validate", "data=toucan"],
-    # 3: a list of values without -m
+    # a list of values without -m
     "list": ["validate", "reward.tool_weights.name=0.25,0.15", "reward.normalize=true"],
-    # 4: the launcher chosen the README's way
+    # the launcher chosen the README's way
     "hydra_launcher": ["train", "--dry-run", "-m", "hydra/launcher=submitit_slurm", "seed=1,2"],
-    # 7: help and usage
+    # help and usage
     "validate_help": ["validate", "--help"],
     "no_arguments": [],
     "train_help": ["train", "--help"],
-    # 8: a typo in the user's own option file
+    # a typo in the user's own option file
     "typo": ["validate", "hydra.searchpath=[file://myconf]", "judge=vllm"],
-    # 10b: credentials in a URL; a secret resolved into the printed config
+    # credentials in a URL; a secret resolved into the printed config
     "credentials": ["validate", "judge=openai", "judge.base_url=http://u:secret@host/v1"],
     "cfg_secret": ["train", "--cfg", "job", "--resolve", *PLANTED],
 }
@@ -73,7 +81,9 @@ def ran(tmp_path_factory):
     tools = base / "tools"
     tools.mkdir()
     (tools / "sinfo").write_text("#!/bin/sh\nexit 1\n")
-    (tools / "sinfo").chmod(0o755)
+    (tools / "sbatch").write_text(f"#!/bin/sh\ntouch {tools / 'sbatch-was-called'}\nexit 1\n")
+    for tool in ("sinfo", "sbatch"):
+        (tools / tool).chmod(0o755)
     drop = ("SLCA_EXP_ROOT", "MLFLOW_TRACKING_URI", "SLURM_PARTITION")
     env = {k: v for k, v in os.environ.items() if k not in drop}
     env.update(
@@ -103,6 +113,7 @@ def ran(tmp_path_factory):
         results[name] = (process.returncode, out, err)
         assert sorted(p.name for p in work.iterdir()) == ["myconf"], f"{name} created files"
         assert "Traceback" not in out + err, f"{name}: {err}"
+    assert not (tools / "sbatch-was-called").exists()  # nothing was submitted
     return results
 
 
@@ -117,6 +128,30 @@ def test_cfg_job_works_with_every_launcher_and_with_a_sweep(ran):
     assert [int(i) for i, _ in headers] == list(range(9))  # the study's 3 x 3 grid
     assert all("reward.tool_weights.parallel=" in overrides for _, overrides in headers)
     assert out.count("\nbackbone:") == 9
+
+
+def test_cfg_job_prints_the_config_of_an_invalid_recipe_and_its_problems_apart(ran):
+    status, out, err = ran["cfg_invalid"]
+    assert status == 2
+    # stdout: the composed config, whatever its values (paper_7b leaves data.dir to the user)
+    assert out.startswith("backbone:\n  name: qwen2.5-7b-instruct\n")
+    assert "\ndata:\n" in out and "  dir: null\n" in out and "\ntracking:\n" in out
+    assert "slca-exp:" not in out
+    # stderr: the recipe's problems, and nothing of the config
+    assert err.startswith("slca-exp: the recipe is invalid (1 problem):\n  data.dir: ")
+    assert "backbone:" not in err
+
+
+def test_cfg_job_with_config_path_and_a_submitting_launcher_prints_and_submits_nothing(ran):
+    status, out, err = ran["cfg_config_path"]
+    assert status == 0, err
+    assert out.startswith("backbone:\n") and "\nseed: 42\n" in out
+    assert "Only one of" not in err  # Hydra's refusal of --cfg with -m
+    assert "submitted" not in out + err  # and the fixture saw no sbatch call
+    status, out, err = ran["cfg_config_path_sweep"]
+    assert status == 2 and out == ""
+    assert "  -m: --cfg prints one config, and with --config-path" in err
+    assert "fix: drop -m and give one value per key" in err
 
 
 def test_validate_refuses_what_train_refuses(ran):
@@ -211,8 +246,8 @@ def test_a_typo_at_any_depth_is_answered_with_the_key_meant(key, data):
     word = parts[depth]
     at = data.draw(st.integers(0, len(word) - 1))
     typo = word[:at] + word[at + 1 :]  # one letter dropped
-    if typo in field_names(schema_at(".".join(parts[:depth]))):
-        return  # dropping a letter made another key of the same mapping
+    # dropping a letter must not make another key of the same mapping
+    assume(typo not in field_names(schema_at(".".join(parts[:depth]))))
     wrong = ".".join([*parts[:depth], typo, *parts[depth + 1 :]])
     problem = unknown_path_problem(wrong)
     assert problem.key == wrong

@@ -28,7 +28,10 @@ def _positive(text: str) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="slca-exp data", description=__doc__.split("\n\n")[0])
+    # Plain text: the module docstring's markup would reach the terminal as it is.
+    parser = argparse.ArgumentParser(
+        prog="slca-exp data", description="Data commands: synth writes the seeded synthetic split."
+    )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     synth = commands.add_parser(
         "synth",

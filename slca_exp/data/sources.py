@@ -26,6 +26,7 @@ from typing import Any
 from slca_exp.config.paths import output_root
 from slca_exp.config.schema import DataConfig, RunConfig
 from slca_exp.core.problems import Problem
+from slca_exp.core.shown import shown_path
 from slca_exp.data.domain import DOMAIN_VERSION
 from slca_exp.data.synthetic import (
     MANIFEST,
@@ -187,7 +188,7 @@ class SyntheticSource(DataSource):
             return None
         return (
             f"data: the synthetic split (data.rows={d.rows}, data.seed={d.seed}) will be "
-            f"generated in {folder}"
+            f"generated in {shown_path(folder)}"
         )
 
 

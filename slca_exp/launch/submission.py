@@ -9,18 +9,26 @@ launcher was chosen (``launcher=`` profile or ``hydra/launcher=``):
   (``<sweep dir>/.submitit/<id>``, with ``<id>_submitted.pkl``) as soon as the job is submitted;
   the watch says one line per job: its SLURM job id (``<array id>_<index>``, or the process id
   of a local job) and its log file (submitit's ``<id>_0_log.out``);
-- :func:`quiet_repeated_sacct_warnings`: submitit polls ``sacct`` while it waits, and on a
-  cluster without accounting warns that the call failed at every poll, each warning printed by
-  three handlers (24 lines for a 1-minute job). The filter says it once: job states then come
-  from submitit's own files, which is all a sweep needs.
+- :func:`quiet_sacct`: submitit polls ``sacct`` while it waits. On a cluster without
+  accounting each poll fails: ``sacct`` writes its own complaint ("Slurm accounting storage is
+  disabled") to the terminal it inherits, and submitit warns that the call failed, each warning
+  printed by three handlers (24 lines for a 1-minute job). ``sacct``'s stderr is captured
+  instead, and the first failure is said once, in our words with ``sacct``'s reason: job states
+  then come from submitit's own files, which is all a sweep needs.
 """
 
 from __future__ import annotations
 
 import logging
+import subprocess
 import sys
 import threading
+from collections.abc import Sequence
 from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from slca_exp.core.shown import shown_path
 
 SACCT_WARNING = "Bypassing sacct error"
 """What submitit's warning says when ``sacct`` fails (``submitit/core/core.py``)."""
@@ -28,34 +36,83 @@ POLL_S = 0.5
 """How often :class:`SubmissionWatch` looks for new job folders."""
 
 
+class _SacctCaptured:
+    """``subprocess`` as submitit's core module sees it: ``sacct``'s stderr captured.
+
+    submitit's watcher runs ``subprocess.check_output(["sacct", ...])``, which leaves the
+    child's stderr on the terminal; only that call changes (its stderr is kept in
+    :attr:`reason`), every other name is the real module's.
+    """
+
+    def __init__(self, module: ModuleType) -> None:
+        self.module = module
+        self.reason = ""
+        """What the last failed ``sacct`` call wrote to stderr (or why it could not run)."""
+
+    def __getattr__(self, name: str) -> Any:  # whatever the subprocess module holds
+        return getattr(self.module, name)
+
+    def check_output(self, command: Sequence[str] | str, *args: Any, **kwargs: Any) -> Any:
+        """``subprocess.check_output``; for ``sacct`` (without a stderr of its own) quietly."""
+        if not _is_sacct(command) or "stderr" in kwargs:
+            return self.module.check_output(command, *args, **kwargs)
+        try:
+            return self.module.check_output(command, *args, stderr=subprocess.PIPE, **kwargs)
+        except subprocess.CalledProcessError as err:
+            said = err.stderr
+            if isinstance(said, bytes):
+                said = said.decode(errors="replace")
+            self.reason = " ".join((said or "").split()) or f"exit status {err.returncode}"
+            raise
+        except OSError as err:
+            self.reason = err.strerror or type(err).__name__
+            raise
+
+
+def _is_sacct(command: Sequence[str] | str) -> bool:
+    words = command.split() if isinstance(command, str) else list(command)
+    return bool(words) and Path(str(words[0])).name == "sacct"
+
+
 class _SacctOnce(logging.Filter):
     """Drops submitit's repeated ``sacct`` warning; the first becomes one line of ours."""
 
-    def __init__(self) -> None:
+    def __init__(self, captured: _SacctCaptured | None = None) -> None:
         super().__init__()
         self.seen = 0
+        self.captured = captured
 
     def filter(self, record: logging.LogRecord) -> bool:
         if SACCT_WARNING not in record.getMessage():
             return True
         self.seen += 1
         if self.seen == 1:
+            reason = self.captured.reason if self.captured is not None else ""
             print(
-                "slca-exp: submitit cannot ask SLURM's accounting (its sacct call failed); job "
-                "states are read from submitit's own files instead (said once)",
+                "slca-exp: submitit cannot ask SLURM's accounting (its sacct call failed"
+                + (f": {reason}" if reason else "")
+                + "); job states are read from submitit's own files instead (said once)",
                 file=sys.stderr,
                 flush=True,
             )
         return False
 
 
-def quiet_repeated_sacct_warnings() -> logging.Filter:
-    """Put the filter on submitit's logger (once per process); returns it."""
+def quiet_sacct() -> logging.Filter:
+    """Keep ``sacct``'s complaints off the console, once per process; returns the log filter.
+
+    ``sacct``'s stderr is captured in submitit's watcher, and the filter on submitit's logger
+    turns its repeated warning into one line of ours.
+    """
+    import submitit.core.core as core
+
+    if not isinstance(core.subprocess, _SacctCaptured):
+        core.subprocess = _SacctCaptured(core.subprocess)
     logger = logging.getLogger("submitit")
     for existing in logger.filters:
         if isinstance(existing, _SacctOnce):
             return existing
-    found = _SacctOnce()
+    found = _SacctOnce(core.subprocess)
     logger.addFilter(found)
     return found
 
@@ -75,10 +132,14 @@ def submitted_jobs(folder: Path) -> list[str]:
 def job_line(job_id: str, folder: Path, kind: str) -> str:
     """``slca-exp: submitted SLURM job 12_0, log: <folder>/12_0/12_0_0_log.out``.
 
+    The log is named relative to the current folder when it lies under it (as the closing
+    block names it).
+
     >>> job_line("12_0", Path("/s/.submitit"), "SLURM job")
     'slca-exp: submitted SLURM job 12_0, log: /s/.submitit/12_0/12_0_0_log.out'
     """
-    return f"slca-exp: submitted {kind} {job_id}, log: {folder / job_id / f'{job_id}_0_log.out'}"
+    log = shown_path(folder / job_id / f"{job_id}_0_log.out")
+    return f"slca-exp: submitted {kind} {job_id}, log: {log}"
 
 
 class SubmissionWatch:

@@ -124,7 +124,7 @@ class MlflowSweepCallback(Callback):
         """Create the experiment (if needed) and the parent run; remember its id.
 
         Under a submitit launcher it also starts saying each job as it is submitted (its id
-        and log) and quiets submitit's repeated ``sacct`` warning (``launch/submission.py``).
+        and log) and keeps ``sacct``'s complaints off the console (``launch/submission.py``).
         """
         self._watch_submissions(config)
         if not self._wanted(config):
@@ -243,9 +243,9 @@ class MlflowSweepCallback(Callback):
         target = str(OmegaConf.select(config, "hydra.launcher._target_", default="") or "")
         if "submitit" not in target:
             return
-        from slca_exp.launch.submission import SubmissionWatch, quiet_repeated_sacct_warnings
+        from slca_exp.launch.submission import SubmissionWatch, quiet_sacct
 
-        quiet_repeated_sacct_warnings()
+        quiet_sacct()
         folder = OmegaConf.select(config, "hydra.launcher.submitit_folder", default=None)
         if folder:  # ``<sweep dir>/.submitit/%j``: each job's folder is named after its id
             kind = "SLURM job" if target.endswith("SlurmLauncher") else "local job"

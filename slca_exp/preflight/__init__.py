@@ -93,6 +93,8 @@ class Preflight:
         typed: every job's checked :class:`~slca_exp.config.schema.RunConfig`.
         problems: every problem of every job.
         notes: what a run would create (``data: ... will be generated in ...``).
+        composed: every job's composed config, checked or not (``--cfg`` prints them all);
+            empty when a job does not compose.
 
     """
 
@@ -100,6 +102,7 @@ class Preflight:
     typed: list[RunConfig] = field(default_factory=list)
     problems: list[Problem] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    composed: list[DictConfig] = field(default_factory=list)
 
 
 def preflight(
@@ -153,7 +156,7 @@ def preflight(
     problems = [*found, *merge_job_problems(per_job, jobs, overrides)]
     if not problems and probe:
         problems = probe_services(typed)
-    return Preflight(jobs, typed, problems, notes)
+    return Preflight(jobs, typed, problems, notes, cfgs)
 
 
 # --- what a run would create -------------------------------------------------------------------

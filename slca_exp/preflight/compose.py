@@ -29,6 +29,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from slca_exp.config.schema import EngineConfig
 from slca_exp.core.problems import ConfigError, Problem
+from slca_exp.core.shown import shown_path
 from slca_exp.engines import ENGINES, engine_schema  # stores each engine's schema for Hydra
 from slca_exp.preflight.keys import field_names, schema_at, unknown_path_problem, user_type
 from slca_exp.preflight.validate import engine_schema_of, problems_of
@@ -407,7 +408,10 @@ def _search_dirs(hydra_side: list[Override], extra_config_dirs: Sequence[str]) -
 
 
 def _origin(option: str, key: str, dirs: Sequence[Path]) -> str:
-    """``file:line`` of ``key``'s last part in the option file ``option`` (``judge/vllm``)."""
+    """``file:line`` of ``key``'s last part in the option file ``option`` (``judge/vllm``).
+
+    The file is named from the current folder when it lies under it (``myconf/judge/vllm.yaml``).
+    """
     leaf = key.rpartition(".")[2]
     pattern = re.compile(rf"^\s*{re.escape(leaf)}\s*:")
     for folder in dirs:
@@ -416,8 +420,8 @@ def _origin(option: str, key: str, dirs: Sequence[Path]) -> str:
             continue
         for number, line in enumerate(path.read_text().splitlines(), start=1):
             if pattern.match(line):
-                return f"{path}:{number}"
-        return str(path)
+                return f"{shown_path(path)}:{number}"
+        return shown_path(path)
     return f"the option {option}"
 
 

@@ -1,16 +1,17 @@
-"""``slca-exp serve up | status | down``: the frozen judge and simulator as SLURM jobs.
+"""slca-exp serve up | status | down: the frozen judge and simulator as SLURM jobs.
 
     slca-exp serve up service=NAME [launcher=PROFILE] [service.KEY=V ...] [launcher.KEY=V ...]
                      [--registry DIR] [--config-dir DIR] [--no-wait]
     slca-exp serve status [--registry DIR]
     slca-exp serve down NAME [NAME ...] | --all [--registry DIR]
 
-``up`` checks the definition and its profile (every problem, each naming its key, exit 2),
+serve up checks the definition and its profile (every problem, each naming its key, exit 2),
 submits the service's job, and waits until the job records the server as answering (the job's
 log is named at once). A service already up is left alone; one whose server died is started
-again under the same name, and runs that use it follow it to its new endpoint. ``status`` lists
-every service of the registry with its job and whether its server answers. ``down`` cancels the
-job, waits for it to end and removes the service from the registry.
+again under the same name, and runs that use it follow it to its new endpoint. serve status
+lists every service of the registry with its job and whether its server answers. serve down
+cancels the job, waits for it to end and removes the service from the registry; without a name
+it lists the services it could stop (exit 2).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from slca_exp.core.problems import ConfigError, Problem
+from slca_exp.core.shown import shown_path
 from slca_exp.locks import file_lock, lock_path
 from slca_exp.serve.definitions import GROUP, load_service, service_names
 from slca_exp.serve.job import ServiceJob, log_path
@@ -48,14 +50,17 @@ DOWN_WAIT_S = 120.0
 ACTIVE = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED", "RESIZING", "SUSPENDED")
 """SLURM job states of a job that is not over."""
 
+# The module docstring is the help text, printed as it is: its paragraphs are plain text.
 USAGE = __doc__.split("\n\n")[1]
+HELP = __doc__.split("\n\n", 2)[2]
+UP_USAGE = USAGE.split("\n    slca-exp serve status")[0].strip()
 
 
 def main(argv: Sequence[str]) -> int:
     """``slca-exp serve ...``; returns the exit status."""
     parser = _parser()
     if not argv or argv[0] in ("-h", "--help"):
-        print(f"usage:\n{USAGE}\n\n{__doc__.split(chr(10) * 2, 2)[2]}")
+        print(f"usage:\n{USAGE}\n\n{HELP}")
         return 0 if argv else EXIT_BAD_CONFIG
     args, rest = parser.parse_known_args(argv)
     registry = ServiceRegistry(registry_folder(args.registry))
@@ -75,21 +80,41 @@ def _parser() -> argparse.ArgumentParser:
     common.add_argument(
         "--registry",
         default=None,
+        metavar="DIR",
         help=f"the registry folder (default: ${REGISTRY_ENV}, else ~/.slca-exp/services)",
     )
     commands = parser.add_subparsers(dest="command", required=True)
     up = commands.add_parser(
-        "up", parents=[common], help="submit a service's job; wait until it answers"
+        "up",
+        parents=[common],
+        # service=NAME and the KEY=V overrides are not argparse's: they pass through unparsed.
+        usage=UP_USAGE,
+        help="submit a service's job; wait until it answers",
+        description="Check the service's definition and profile, submit its job and wait until "
+        "its server answers.",
     )
-    up.add_argument("--config-dir", action="append", default=[], help="a folder of your options")
+    up.add_argument(
+        "--config-dir",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="a folder of your options (service/NAME.yaml, launcher/PROFILE.yaml)",
+    )
     up.add_argument("--no-wait", action="store_true", help="return once the job is submitted")
     commands.add_parser(
-        "status", parents=[common], help="every service, its job and whether it answers"
+        "status",
+        parents=[common],
+        help="every service, its job and whether it answers",
+        description="Every service of the registry, its job and whether its server answers.",
     )
     down = commands.add_parser(
-        "down", parents=[common], help="cancel services' jobs and forget them"
+        "down",
+        parents=[common],
+        help="cancel services' jobs and forget them",
+        description="Cancel the services' jobs, wait for them to end and remove the services "
+        "from the registry. Without a name: the services it could stop.",
     )
-    down.add_argument("names", nargs="*", help="the services to stop")
+    down.add_argument("names", nargs="*", metavar="NAME", help="the services to stop")
     down.add_argument("--all", action="store_true", help="every service of the registry")
     return parser
 
@@ -295,7 +320,7 @@ def service_state(registry: ServiceRegistry, name: str) -> ServiceState:
 def _status(registry: ServiceRegistry) -> int:
     names = registry.names()
     if not names:
-        print(f"slca-exp: no service in the registry {registry.folder}")
+        print(f"slca-exp: no service in the registry {shown_path(registry.folder)}")
         return 0
     rows = [("SERVICE", "ROLE", "STATE", "JOB", "ENDPOINT", "MODEL", "SERVER")]
     for name in names:
@@ -317,7 +342,7 @@ def _status(registry: ServiceRegistry) -> int:
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
-    print(f"registry: {registry.folder}")
+    print(f"registry: {shown_path(registry.folder)}")
     return 0
 
 
@@ -325,16 +350,19 @@ def _status(registry: ServiceRegistry) -> int:
 
 
 def _down(registry: ServiceRegistry, names: list[str], every: bool) -> int:
+    if not names and not every:
+        return _stoppable(registry)
     known = registry.names()
     wanted = known if every else names
     unknown = [n for n in wanted if n not in known]
-    if not wanted or unknown:
-        what = f"no service {', '.join(map(repr, unknown))}" if unknown else "no service named"
-        listed = ", ".join(known) or "none"
-        return _refuse(
-            [Problem("names", f"{what} in the registry {registry.folder}", f"known: {listed}")],
-            "the command",
-        )
+    folder = shown_path(registry.folder)
+    if unknown:  # the key is the argument's name (argparse's dest, NAME in the usage)
+        what = f"no service {', '.join(map(repr, unknown))} in the registry {folder}"
+        fix = f"name one of: {', '.join(known)}" if known else "it holds none: nothing to stop"
+        return _refuse([Problem("names", what, fix)], "the command")
+    if not wanted:
+        print(f"slca-exp: no service is up: the registry {folder} holds none; nothing to stop")
+        return 0
     status = 0
     for name in wanted:
         state = service_state(registry, name)
@@ -351,6 +379,36 @@ def _down(registry: ServiceRegistry, names: list[str], every: bool) -> int:
         registry.forget(name)
         print(f"slca-exp: service {name} is down (job {state.job_id or '-'})")
     return status
+
+
+def _stoppable(registry: ServiceRegistry) -> int:
+    """``serve down`` without a name: the services it could stop, and how (exit 2).
+
+    Every service of the registry is listed with its state: a queued or dead one holds a
+    SLURM job (or a registry entry) as much as one that answers.
+    """
+    folder = shown_path(registry.folder)
+    states = [service_state(registry, name) for name in registry.names()]
+    if not states:
+        print(
+            f"slca-exp: serve down: no service is up (the registry {folder} holds none), so "
+            "there is nothing to stop",
+            file=sys.stderr,
+        )
+        return EXIT_BAD_CONFIG
+    width = max(len(s.name) for s in states)
+    lines = [f"slca-exp: serve down: name the service to stop. In the registry {folder}:"]
+    for s in states:
+        where = f" at {s.record.base_url}" if s.answers and s.record is not None else ""
+        lines.append(f"  {s.name.ljust(width)}  {s.label}{where} (job {s.job_id or '-'})")
+    if not any(s.answers for s in states):
+        lines.append("none of them is up (their server does not answer)")
+    lines.append(
+        f"stop one with: slca-exp serve down NAME (slca-exp serve down {states[0].name}); "
+        "every one: slca-exp serve down --all"
+    )
+    print("\n".join(lines), file=sys.stderr)
+    return EXIT_BAD_CONFIG
 
 
 def _wait_ended(job_id: str) -> bool:
@@ -389,4 +447,4 @@ def _refuse(problems: list[Problem], subject: str = "the service") -> int:
 
 
 def _now() -> str:
-    return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")

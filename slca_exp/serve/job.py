@@ -93,7 +93,9 @@ class ServiceJob:
                 port=port,
                 job_id=job_id(),
                 launcher=self.launcher,
-                started_at=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+                started_at=datetime.datetime.now(datetime.timezone.utc).isoformat(
+                    timespec="seconds"
+                ),
                 definition=dataclasses.asdict(d),
                 command=command,
                 api_key_env=d.api_key_env,

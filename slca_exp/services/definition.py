@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from slca_exp.config.fields import param
+from slca_exp.services.vllm_options import recorded
 
 ROLES = ("judge", "simulator")
 """The run config groups a service can stand behind."""
@@ -140,24 +141,98 @@ def vllm_command(definition: ServiceDefinition, host: str, port: int) -> list[st
     ['vllm', 'serve', 'org/m', '--host', '0.0.0.0', '--port', '8000', '--served-model-name', \
 'org/m', '--max-model-len', '4096']
     """
-    d = definition
-    line = ["vllm", "serve", d.model, "--host", host, "--port", str(port)]
-    line += ["--served-model-name", d.model_id]
+    return [arg for _, args in _vllm_parts(definition, host, port) for arg in args]
+
+
+def _vllm_parts(d: ServiceDefinition, host: str, port: int) -> list[tuple[str, list[str]]]:
+    """:func:`vllm_command` in pieces, each with the definition's key it comes from."""
+    parts = [
+        ("service", ["vllm", "serve"]),
+        ("service.model", [d.model]),
+        ("service.host", ["--host", host]),
+        ("service.port", ["--port", str(port)]),
+        ("service.served_model_name", ["--served-model-name", d.model_id]),
+    ]
     if d.revision:
-        line += ["--revision", d.revision]
+        parts.append(("service.revision", ["--revision", d.revision]))
     if d.tensor_parallel_size != 1:
-        line += ["--tensor-parallel-size", str(d.tensor_parallel_size)]
+        parts.append(
+            (
+                "service.tensor_parallel_size",
+                ["--tensor-parallel-size", str(d.tensor_parallel_size)],
+            )
+        )
     if d.pipeline_parallel_size != 1:
-        line += ["--pipeline-parallel-size", str(d.pipeline_parallel_size)]
+        parts.append(
+            (
+                "service.pipeline_parallel_size",
+                ["--pipeline-parallel-size", str(d.pipeline_parallel_size)],
+            )
+        )
     if d.max_model_len is not None:
-        line += ["--max-model-len", str(d.max_model_len)]
+        parts.append(("service.max_model_len", ["--max-model-len", str(d.max_model_len)]))
     if d.dtype != "auto":
-        line += ["--dtype", d.dtype]
+        parts.append(("service.dtype", ["--dtype", d.dtype]))
     if d.quantization:
-        line += ["--quantization", d.quantization]
+        parts.append(("service.quantization", ["--quantization", d.quantization]))
     if d.gpu_memory_utilization is not None:
-        line += ["--gpu-memory-utilization", f"{d.gpu_memory_utilization:g}"]
-    return line + [str(a) for a in d.extra_args]
+        utilization = f"{d.gpu_memory_utilization:g}"
+        parts.append(("service.gpu_memory_utilization", ["--gpu-memory-utilization", utilization]))
+    parts.append(("service.extra_args", [str(a) for a in d.extra_args]))
+    return parts
+
+
+FIELD_OPTIONS = {
+    "model": "service.model",
+    "host": "service.host",
+    "port": "service.port",
+    "served_model_name": "service.served_model_name",
+    "revision": "service.revision",
+    "tensor_parallel_size": "service.tensor_parallel_size",
+    "pipeline_parallel_size": "service.pipeline_parallel_size",
+    "max_model_len": "service.max_model_len",
+    "dtype": "service.dtype",
+    "quantization": "service.quantization",
+    "gpu_memory_utilization": "service.gpu_memory_utilization",
+    "api_key": "service.api_key_env",
+}
+"""The vLLM options (their ``dest``) a definition's field sets: not for ``extra_args``."""
+
+
+def vllm_problems(definition: ServiceDefinition) -> list[tuple[str, str, str]]:
+    """(key, what, fix) for each problem of the definition's ``vllm serve`` line.
+
+    The line is read against the options of the vLLM the ``gpu`` extra pins, recorded from its
+    parser (:mod:`slca_exp.services.vllm_options`); each problem names the field it comes from.
+    ``extra_args`` may not set what a field sets: vLLM would take the last, while the launcher
+    checks and the fingerprint take the field; nor the API key, which would be on the line.
+
+    >>> vllm_problems(ServiceDefinition(name="j", model="m", extra_args=["--enable-prefix-cache"]))
+    [('service.extra_args', '--enable-prefix-cache: is not a `vllm serve` option of vLLM 0.24.0', \
+"did you mean --enable-prefix-caching? `vllm serve --help` lists vLLM 0.24.0's options")]
+    """
+    parts = _vllm_parts(definition, definition.host, definition.port)
+    line = [arg for _, args in parts for arg in args]
+    owners = [key for key, args in parts for _ in args]
+    read = recorded().read(line)
+    found = [(owners[p.index], f"{p.arg}: {p.what}", p.fix) for p in read.problems]
+    extra = len(line) - len(definition.extra_args)
+    for given in read.given:
+        key = FIELD_OPTIONS.get(given.option.dest)
+        if given.index < extra or key is None:
+            continue
+        arg = line[given.index]
+        if key == "service.api_key_env":
+            what = f"{arg} would put the key on the command line, where ps shows it"
+            fix = "export the key and set service.api_key_env=<its variable's NAME>"
+        else:
+            what = (
+                f"{arg} sets what {key} sets: vLLM would take the last one, the launcher "
+                "checks and the fingerprint the field"
+            )
+            fix = f"set {key} and drop {arg} from service.extra_args"
+        found.append(("service.extra_args", what, fix))
+    return found
 
 
 def server_command(
@@ -235,4 +310,6 @@ def command_problems(definition: ServiceDefinition) -> list[tuple[str, str, str]
             )
     if definition.port > 65535:
         found.append(("service.port", f"{definition.port} is not a port", "give 0 to 65535"))
+    if definition.uses_vllm and definition.model:
+        found += vllm_problems(definition)
     return found

@@ -1,17 +1,19 @@
 """The block every run and every sweep ends with: where its results are, and what went wrong.
 
     slca-exp: ---- where to look ----
-    slca-exp: run FINISHED: MLflow run 3f2a... (experiment slca-exp) in sqlite:///.../mlflow.db
-    slca-exp: open it with: slca-exp ui --tracking-uri sqlite:///.../mlflow.db
+    slca-exp: run FINISHED: MLflow run 3f2a... (experiment slca-exp) in sqlite:///outputs/mlflow.db
+    slca-exp: open it with: slca-exp ui --tracking-uri sqlite:///outputs/mlflow.db
     slca-exp: compare: slca-exp compare slca-exp
-    slca-exp: output folder: /.../outputs/2026-12-01/10-00-00
-    slca-exp: checkpoint: /.../outputs/runs/<run key>/checkpoint.pt
-    slca-exp: SLURM job 1234_0, log: /.../.submitit/1234_0/1234_0_0_log.out
+    slca-exp: output folder: outputs/2026-12-01/10-00-00
+    slca-exp: checkpoint: outputs/runs/<run key>/checkpoint.pt
+    slca-exp: SLURM job 1234_0, log: multirun/.../.submitit/1234_0/1234_0_0_log.out
     slca-exp: judge: 16 of 160 requests failed; every request failed in RL step 3
 
 A job of a sweep names its sweep's parent run and compares the sweep; the sweep's own block
 (:func:`sweep_block`, printed when the multirun ends) lists every job with its run, status and,
-on SLURM, its job id and log. Lines that do not apply are left out.
+on SLURM, its job id and log. Lines that do not apply are left out. Paths and the sqlite store
+under the current folder are shown relative to it (:mod:`slca_exp.core.shown`), so that they
+open from where the command ran; others stay absolute.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from slca_exp.core import names
+from slca_exp.core.shown import shown_path, shown_uri
 
 PREFIX = "slca-exp: "
 HEADER = "---- where to look ----"
@@ -120,10 +123,11 @@ def run_block(
     """  # noqa: E501 - a doctest line
     state = status or "not started"
     lines = [HEADER]
+    shown = shown_uri(store) if store else store
     if run_id:
-        lines.append(f"run {state}: MLflow run {run_id} (experiment {experiment}) in {store}")
-        if store and store.startswith("sqlite:"):
-            lines.append(f"open it with: slca-exp ui --tracking-uri {store}")
+        lines.append(f"run {state}: MLflow run {run_id} (experiment {experiment}) in {shown}")
+        if shown and shown.startswith("sqlite:"):
+            lines.append(f"open it with: slca-exp ui --tracking-uri {shown}")
     else:
         lines.append(f"run {state} (not recorded in MLflow: tracking.backends has no mlflow)")
     if parent_run_id:
@@ -131,11 +135,11 @@ def run_block(
     if run_id or parent_run_id:
         lines.append(f"compare: {compare_command(sweep_id or experiment, store)}")
     if output_dir:
-        lines.append(f"output folder: {output_dir}")
+        lines.append(f"output folder: {shown_path(output_dir)}")
     if checkpoint:
-        lines.append(f"checkpoint: {checkpoint}")
+        lines.append(f"checkpoint: {shown_path(checkpoint)}")
     if slurm and slurm.get("job"):
-        lines.append(f"SLURM job {slurm['job']}, log: {slurm.get('log') or '(unknown)'}")
+        lines.append(f"SLURM job {slurm['job']}, log: {_shown_log(slurm.get('log'))}")
     lines += list(failures)
     return lines
 
@@ -161,34 +165,41 @@ def sweep_block(
             ``log``), as the jobs reported them.
 
     """
+    shown = shown_uri(store)
     lines = [
         HEADER,
-        f"sweep {sweep_id} {status}: parent MLflow run {parent_run_id} in {store}",
+        f"sweep {sweep_id} {status}: parent MLflow run {parent_run_id} in {shown}",
         f"compare: {compare_command(sweep_id, store)}",
     ]
-    if store.startswith("sqlite:"):
-        lines.append(f"open it with: slca-exp ui --tracking-uri {store}")
+    if shown.startswith("sqlite:"):
+        lines.append(f"open it with: slca-exp ui --tracking-uri {shown}")
     if sweep_dir:
-        lines.append(f"sweep folder: {sweep_dir}")
+        lines.append(f"sweep folder: {shown_path(sweep_dir)}")
     for num in sorted(jobs):
         job = jobs[num]
         text = f"job {num}: {job.get('status', '?')}, MLflow run {job.get('run_id') or '-'}"
         if job.get("slurm_job"):
-            text += f", SLURM job {job['slurm_job']}, log: {job.get('log') or '(unknown)'}"
+            text += f", SLURM job {job['slurm_job']}, log: {_shown_log(job.get('log'))}"
         lines.append(text)
     return lines
+
+
+def _shown_log(log: str | None) -> str:
+    """A SLURM job's log file as printed (``(unknown)`` without submitit)."""
+    return shown_path(log) if log else "(unknown)"
 
 
 def compare_command(target: str, store: str | None) -> str:
     """The ``slca-exp compare`` command that finds ``target`` in ``store``.
 
-    The default store needs no ``--tracking-uri``; any other is named.
+    The default store needs no ``--tracking-uri``; any other is named, as it opens from the
+    current folder (:func:`~slca_exp.core.shown.shown_uri`).
     """
     from slca_exp.tracking.uris import default_tracking_uri
 
     command = f"slca-exp compare {target}"
     if store and store != default_tracking_uri():
-        command += f" --tracking-uri {store}"
+        command += f" --tracking-uri {shown_uri(store)}"
     return command
 
 

@@ -5,10 +5,11 @@ import os
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from slca_exp.cli import main
+from tests.skip_policy import require
 
 FOREIGN = "{foreign}"
 """Stands for a folder holding a split file the synthetic generator did not write."""
@@ -88,7 +89,7 @@ def test_refused_alike_by_train_validate_and_dry_run_creating_nothing(
     here, capsys, overrides, expected
 ):
     if overrides == ["engine=verl"]:
-        pytest.importorskip("verl", reason="needs the verl extra")
+        require("verl", reason="needs the verl extra")
         if torch.cuda.device_count() >= 8:
             pytest.skip("this host has the 8 GPUs engine=verl asks for")
     train, validate, dry_run = refusals(capsys, *here, overrides)
@@ -109,7 +110,6 @@ _CHEAP = [c for c in CASES if c[0][0] not in ("engine=verl", "sweep=hierr_preset
 def test_a_mix_of_bad_overrides_is_refused_alike(here, capsys, cases):
     overrides = [o for case, _ in cases for o in case]
     keys = {o.lstrip("+").split("=", 1)[0] for o in overrides}
-    if len(keys) < len(overrides):  # the same key twice: the last one would win
-        return
+    assume(len(keys) == len(overrides))  # the same key twice: the last one would win
     train, validate, dry_run = refusals(capsys, *here, overrides)
     assert validate == train and dry_run == train

@@ -52,18 +52,23 @@ def test_a_few_steps_through_the_cli_leave_a_finished_recorded_run(tmp_path):
     res = train(tmp_path, "engine.rl.steps=2", "engine.rl.mask_rule=corrected", *PLANTED)
     assert res.returncode == 0, res.stderr[-3000:]
     assert "validation (sft" in res.stderr and "validation (rl" in res.stderr
-    assert "open it with: slca-exp ui --tracking-uri sqlite:///" in res.stderr
+    # paths under the folder the command ran in are named from there, and open from there
+    assert "open it with: slca-exp ui --tracking-uri sqlite:///out/mlflow.db\n" in res.stderr
     client, found = runs(tmp_path)
     (run,) = found
     assert run.info.status == "FINISHED"
     # it ends with one block saying where everything is, and train.log holds its slca-exp: lines
     block = res.stderr[res.stderr.index("slca-exp: ---- where to look ----") :].splitlines()
     checkpoint = next(line for line in block if line.startswith("slca-exp: checkpoint: "))
-    assert Path(checkpoint.split(": ", 2)[2]).is_file()
-    assert f"slca-exp: run FINISHED: MLflow run {run.info.run_id} " in block[1]
-    compare = "slca-exp: compare: slca-exp compare slca-exp --tracking-uri sqlite:///"
-    assert any(line.startswith(compare) for line in block), block
-    folder = Path(next(x for x in block if "output folder: " in x).split("output folder: ")[1])
+    assert checkpoint.startswith("slca-exp: checkpoint: out/runs/")
+    assert (tmp_path / checkpoint.split(": ", 2)[2]).is_file()
+    run_line = f"slca-exp: run FINISHED: MLflow run {run.info.run_id} (experiment slca-exp) in "
+    assert block[1] == f"{run_line}sqlite:///out/mlflow.db"
+    compare = "slca-exp: compare: slca-exp compare slca-exp --tracking-uri sqlite:///out/mlflow.db"
+    assert compare in block, block
+    shown = next(x for x in block if "output folder: " in x).split("output folder: ")[1]
+    assert shown.startswith("outputs/")  # Hydra's run folder, under the launch folder
+    folder = tmp_path / shown
     logged = (folder / "train.log").read_text()
     ours = [line for line in res.stderr.splitlines() if line.startswith("slca-exp: ")]
     assert ours and all(f"] - {line}" in logged for line in ours), logged
@@ -193,7 +198,10 @@ def test_rollout_masks_match_their_tokens(tool_caller):
 
 
 def test_a_judge_with_no_server_behind_it_is_an_outage_that_stop_ends_failed(tmp_path):
-    """Issue 19 (5): ``judge=openai judge.base_url=http://127.0.0.1:9/v1``, as the issue runs it."""
+    """A judge URL nothing listens on (``judge=openai judge.base_url=http://127.0.0.1:9/v1``) with
+    ``reward.judge_failure=stop``: the first RL step warns that every request failed, the run
+    ends FAILED at that step, and the closing block counts the failed requests.
+    """
     res = train(
         tmp_path,
         "judge=openai",

@@ -14,7 +14,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-pytest.importorskip("verl", reason="needs the verl extra")
+from tests.skip_policy import require
+
+require("verl", reason="needs the verl extra")
 pytestmark = pytest.mark.verl
 
 from verl.trainer.ppo.core_algos import (  # noqa: E402

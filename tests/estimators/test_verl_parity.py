@@ -7,8 +7,9 @@ import pytest
 import torch
 
 from slca_exp.estimators import grpo_advantages
+from tests.skip_policy import require
 
-core_algos = pytest.importorskip("verl.trainer.ppo.core_algos", reason="needs the verl extra")
+core_algos = require("verl.trainer.ppo.core_algos", reason="needs the verl extra")
 pytestmark = pytest.mark.verl
 
 

@@ -40,23 +40,9 @@ from slca_exp.services.served import (
     ask_server,
     resolve_services,
 )
+from slca_exp.services.vllm_options import line_problems
 
 REPO = Path(__file__).resolve().parents[2]
-
-# vLLM 0.24.0 (the `gpu` extra's pin, through verl[vllm] 0.9.1): `vllm serve [model_tag]` and
-# these options, as vllm/engine/arg_utils.py and vllm/entrypoints/openai/cli_args.py declare them.
-VLLM_0_24_OPTIONS = {
-    "--host": "str",
-    "--port": "int",
-    "--served-model-name": "str",
-    "--revision": "str",
-    "--tensor-parallel-size": "int",
-    "--pipeline-parallel-size": "int",
-    "--max-model-len": "int",
-    "--dtype": ("auto", "half", "float16", "bfloat16", "float", "float32"),
-    "--quantization": "str",
-    "--gpu-memory-utilization": "float",
-}
 
 
 def paper_service(name: str) -> ServiceDefinition:
@@ -87,15 +73,8 @@ def test_the_paper_services_vllm_command_lines_flag_by_flag():
         "--dtype", "bfloat16",
         "--gpu-memory-utilization", "0.9",
     ]  # fmt: skip
-    for line in (judge, simulator):
-        flags = line[3::2]
-        assert set(flags) <= set(VLLM_0_24_OPTIONS), flags
-        for flag, value in zip(flags, line[4::2], strict=True):
-            kind = VLLM_0_24_OPTIONS[flag]
-            if isinstance(kind, tuple):
-                assert value in kind
-            else:
-                {"str": str, "int": int, "float": float}[kind](value)  # parses as vLLM would
+    for line in (judge, simulator):  # vLLM 0.24.0's parser, as recorded, takes them
+        assert line_problems(line) == [], line
 
 
 def test_every_field_reaches_its_vllm_flag_and_no_key_is_on_the_line():
@@ -128,18 +107,6 @@ def test_every_field_reaches_its_vllm_flag_and_no_key_is_on_the_line():
         "--gpu-memory-utilization": "0.85",
     }
     assert "--api-key" not in line and "JUDGE_API_KEY" not in line
-
-
-def test_vllms_own_parser_takes_the_command_line():
-    vllm = pytest.importorskip("vllm", reason="the gpu extra (vLLM) is not installed")
-    from vllm.entrypoints.openai.cli_args import make_arg_parser
-    from vllm.utils.argparse_utils import FlexibleArgumentParser
-
-    assert vllm.__version__.startswith("0.24.")
-    parser = make_arg_parser(FlexibleArgumentParser())
-    line = vllm_command(paper_service("gpt_oss_120b_judge"), "0.0.0.0", 8000)
-    args = parser.parse_args(line[2:])
-    assert args.tensor_parallel_size == 8 and args.max_model_len == 32768 and args.port == 8000
 
 
 @settings(max_examples=40, deadline=None)

@@ -1,9 +1,11 @@
 """Where to look: the closing block of a run and of a sweep, the job log that keeps the
-``slca-exp:`` lines, and submitit's repeated ``sacct`` warning said once."""
+``slca-exp:`` lines, and ``sacct``'s complaints (its stderr, submitit's warnings) said once."""
 
 from __future__ import annotations
 
 import logging
+import os
+import subprocess
 import sys
 
 import pytest
@@ -13,7 +15,7 @@ from hypothesis import strategies as st
 from slca_exp.launch.submission import (
     SubmissionWatch,
     job_line,
-    quiet_repeated_sacct_warnings,
+    quiet_sacct,
     submitted_jobs,
 )
 from slca_exp.tracking.closing import compare_command, run_block, sweep_block
@@ -90,6 +92,66 @@ def test_a_sweep_lists_every_job_with_its_run_and_slurm_job_and_log():
     ]
 
 
+def test_paths_under_the_launch_folder_are_named_from_it_and_open_from_there(tmp_path, monkeypatch):
+    from slca_exp.tracking.uris import absolute_uri
+
+    monkeypatch.chdir(tmp_path)
+    store = f"sqlite:///{tmp_path / 'outputs' / 'mlflow.db'}"  # as runs record it: absolute
+    lines = run_block(
+        status="FINISHED",
+        run_id="r1",
+        experiment="e",
+        store=store,
+        output_dir=str(tmp_path / "outputs" / "2026-12-01" / "10-00-00"),
+        checkpoint=str(tmp_path / "outputs" / "runs" / "k" / "checkpoint.pt"),
+        slurm={"job": "12_3", "log": "/s/.submitit/12_3/12_3_0_log.out"},  # elsewhere: absolute
+    )
+    assert lines[1:] == [
+        "run FINISHED: MLflow run r1 (experiment e) in sqlite:///outputs/mlflow.db",
+        "open it with: slca-exp ui --tracking-uri sqlite:///outputs/mlflow.db",
+        "compare: slca-exp compare e --tracking-uri sqlite:///outputs/mlflow.db",
+        "output folder: outputs/2026-12-01/10-00-00",
+        "checkpoint: outputs/runs/k/checkpoint.pt",
+        "SLURM job 12_3, log: /s/.submitit/12_3/12_3_0_log.out",
+    ]
+    # the relative URI a user copies opens the store the run logged to, from where they stand
+    assert absolute_uri("sqlite:///outputs/mlflow.db") == store
+    log = str(tmp_path / "multirun" / "1" / ".submitit" / "12_0" / "0.out")
+    sweep = sweep_block(
+        sweep_id="s1",
+        parent_run_id="p1",
+        status="FINISHED",
+        store=store,
+        sweep_dir=str(tmp_path / "multirun" / "1"),
+        jobs={0: {"status": "COMPLETED", "run_id": "c0", "slurm_job": "12_0", "log": log}},
+    )
+    assert sweep[1] == "sweep s1 FINISHED: parent MLflow run p1 in sqlite:///outputs/mlflow.db"
+    assert sweep[-2:] == [
+        "sweep folder: multirun/1",
+        "job 0: COMPLETED, MLflow run c0, SLURM job 12_0, log: multirun/1/.submitit/12_0/0.out",
+    ]
+    submitted = job_line("12_0", tmp_path / "multirun" / ".submitit", "SLURM job")
+    assert submitted.endswith(", log: multirun/.submitit/12_0/12_0_0_log.out")
+
+
+SEGMENT = st.text(st.characters(whitelist_categories=("L", "N")), min_size=1, max_size=6)
+
+
+@given(st.lists(SEGMENT, max_size=3), st.lists(SEGMENT, max_size=3), st.booleans())
+def test_a_shown_path_joined_to_the_folder_it_is_shown_from_is_the_path(here, rest, inside):
+    from pathlib import Path
+
+    from slca_exp.core.shown import shown_path, shown_uri
+
+    folder = Path("/", "base", *here)
+    path = folder.joinpath(*rest) if inside else Path("/", "other", *rest)
+    shown = shown_path(path, here=folder)
+    assert folder / shown == path or (shown == "." and path == folder)
+    assert Path(shown).is_absolute() != inside  # relative exactly when it lies under the folder
+    uri = shown_uri(f"sqlite:///{path}", here=folder)
+    assert uri == f"sqlite:///{shown}"
+
+
 @pytest.fixture
 def job_log(tmp_path):
     """A root FileHandler, as Hydra's job logging installs one for train.log."""
@@ -164,8 +226,8 @@ def test_without_a_job_log_nothing_is_wrapped():
 
 def test_submitits_sacct_warning_is_said_once_and_other_warnings_pass(capsys, caplog):
     logger = logging.getLogger("submitit")
-    installed = quiet_repeated_sacct_warnings()
-    assert quiet_repeated_sacct_warnings() is installed  # one filter per process
+    installed = quiet_sacct()
+    assert quiet_sacct() is installed  # one filter per process
     logger.removeFilter(installed)
     fresh = type(installed)()  # this test's own, as a new process would have it
     logger.addFilter(fresh)
@@ -185,6 +247,48 @@ def test_submitits_sacct_warning_is_said_once_and_other_warnings_pass(capsys, ca
     assert err.count("slca-exp: submitit cannot ask SLURM's accounting") == 1
     assert "(said once)" in err and "Bypassing sacct error" not in err
     assert fresh.seen == 8
+
+
+SACCT_SAYS = "Slurm accounting storage is disabled"  # what sacct writes, on a cluster without
+
+
+def test_sacct_stderr_stays_off_the_console_and_is_said_once_in_our_words(
+    tmp_path, monkeypatch, capfd
+):
+    import submitit.core.core as core
+    from submitit.slurm.slurm import SlurmInfoWatcher
+
+    from slca_exp.launch import submission
+
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    (tools / "sacct").write_text(f"#!/bin/sh\necho '{SACCT_SAYS}' >&2\nexit 1\n")
+    (tools / "sacct").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tools}{os.pathsep}{os.environ['PATH']}")
+    # this test's own process state, as a fresh process has it; put back afterwards
+    monkeypatch.setattr(core, "subprocess", subprocess)
+    logger = logging.getLogger("submitit")
+    fresh = [f for f in logger.filters if not isinstance(f, submission._SacctOnce)]
+    monkeypatch.setattr(logger, "filters", fresh)
+
+    watcher = SlurmInfoWatcher(delay_s=0)
+    watcher.register_job("1234_0")
+    watcher.update()  # as submitit does it: sacct's own line reaches the terminal
+    assert f"{SACCT_SAYS}\n" in capfd.readouterr().err
+
+    quiet_sacct()
+    for _ in range(3):  # every poll while a sweep waits
+        watcher.update()
+    assert watcher.num_calls == 4
+    err = capfd.readouterr().err
+    about = [line for line in err.splitlines() if "sacct" in line or "accounting" in line]
+    assert about == [
+        f"slca-exp: submitit cannot ask SLURM's accounting (its sacct call failed: {SACCT_SAYS}); "
+        "job states are read from submitit's own files instead (said once)"
+    ]
+    # every other command of submitit's runs as before
+    assert core.subprocess.run is subprocess.run
+    assert core.subprocess.check_output(["echo", "ok"]) == b"ok\n"
 
 
 def test_each_submitted_job_is_said_once_with_its_log_as_its_folder_appears(tmp_path, capsys):

@@ -60,13 +60,15 @@ def test_submitit_local_sweep_gives_one_parent_and_a_child_per_job(tmp_path):
     assert len(submitted) == 2 and all(
         x.startswith("slca-exp: submitted local job ") for x in submitted
     )
-    assert all(Path(x.split(", log: ")[1]).is_file() for x in submitted)
+    shown = [x.split(", log: ")[1] for x in submitted]  # named from the launch folder
+    assert all(x.startswith("multirun/.submitit/") and (tmp_path / x).is_file() for x in shown)
     sweep_id = parents[0].data.tags["slca.sweep"]
     block = res.stderr[res.stderr.rindex("slca-exp: ---- where to look ----") :]
     assert f"slca-exp: sweep {sweep_id} FINISHED: parent MLflow run {parents[0].info.run_id}" in (
         block
     )
-    assert f"slca-exp: compare: slca-exp compare {sweep_id} --tracking-uri sqlite:///" in block
+    assert f"slca-exp: compare: slca-exp compare {sweep_id} --tracking-uri sqlite:///out/" in block
+    assert "slca-exp: sweep folder: multirun\n" in block
     for child in children:
         assert f"COMPLETED, MLflow run {child.info.run_id}" in block
     # each job's train.log holds the job's own slca-exp: lines (its closing block)

@@ -20,7 +20,9 @@ import numpy as np
 import pytest
 import torch
 
-pytest.importorskip("verl", reason="needs the verl extra")
+from tests.skip_policy import require
+
+require("verl", reason="needs the verl extra")
 pytestmark = pytest.mark.verl
 
 import transfer_queue  # noqa: E402

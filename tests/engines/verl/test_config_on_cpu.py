@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("verl", reason="needs the verl extra")
+from tests.skip_policy import require
+
+require("verl", reason="needs the verl extra")
 pytestmark = pytest.mark.verl
 
 from omegaconf import OmegaConf, open_dict  # noqa: E402

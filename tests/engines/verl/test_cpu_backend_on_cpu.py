@@ -14,7 +14,9 @@ from types import SimpleNamespace
 
 import pytest
 
-pytest.importorskip("verl", reason="needs the verl extra")
+from tests.skip_policy import require
+
+require("verl", reason="needs the verl extra")
 
 import torch  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402

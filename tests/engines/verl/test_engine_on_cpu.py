@@ -12,7 +12,9 @@ import sys
 
 import pytest
 
-pytest.importorskip("verl", reason="needs the verl extra")
+from tests.skip_policy import require
+
+require("verl", reason="needs the verl extra")
 pytestmark = pytest.mark.verl
 
 from mlflow.tracking import MlflowClient  # noqa: E402

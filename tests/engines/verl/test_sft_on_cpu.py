@@ -4,7 +4,9 @@ import json
 
 import pytest
 
-pytest.importorskip("verl", reason="needs the verl extra")
+from tests.skip_policy import require
+
+require("verl", reason="needs the verl extra")
 pytestmark = pytest.mark.verl
 
 from omegaconf import OmegaConf  # noqa: E402

@@ -6,7 +6,9 @@ import json
 
 import pytest
 
-pytest.importorskip("verl", reason="needs the verl extra")
+from tests.skip_policy import require
+
+require("verl", reason="needs the verl extra")
 pytestmark = pytest.mark.verl
 
 from verl.tools.tool_registry import initialize_tools_from_config  # noqa: E402

@@ -1,28 +1,35 @@
 """verl trains: one small ``slca-exp train engine=verl engine.verl.backend=cpu`` run, shared here.
 
-The run is what a user starts from the command line, sized like ``experiment=verl_smoke`` without
-its SFT stage: the ``tool_caller`` checkpoint (a tiny policy that already writes tool calls) as
-the backbone, 4 prompts x 4 rollouts per step, :data:`STEPS` steps of SLCA-GRPO through verl's
-own PPO trainer, one intra-op thread per verl process. Both frozen services are one
+The run is what a user starts from the command line, sized like ``experiment=verl_smoke``: the
+``tool_caller`` checkpoint (a tiny policy that already writes tool calls) as the backbone,
+:data:`SFT_STEPS` steps of verl's own SFT trainer on the split's gold trajectories, then 4
+prompts x 4 rollouts per step, :data:`STEPS` steps of SLCA-GRPO through verl's own PPO trainer
+from the SFT's weights, one intra-op thread per verl process. Both frozen services are one
 OpenAI-compatible loopback server on 127.0.0.1 (:class:`Services`), started by the fixture:
 
 - the judge (``judge=openai``) rates a final reply by its length alone (shorter is better,
   :func:`rating_of`), so that the rollouts of a group differ and their summary advantages are
-  not zero; a few requests fail: HTTP 500 or a hang past the judge's timeout
-  (``reward.judge_failure=absent``);
+  not zero; a few requests fail, chosen by their content (:func:`fate_of`): HTTP 500 or a hang
+  past the judge's timeout (``reward.judge_failure=absent``);
 - the simulator (``simulator=sgls``) answers every other tool call with HTTP 500 (the others
   with a fixed JSON result), the way a simulator service fails.
 
-What verl writes is read back: the MLflow run, ``rollout_weights.jsonl`` (the rollout server's
-weight updates), each step's batch as the actor received it (``engine.verl.dump_batches``),
-verl's checkpoints of the actor (HF weights, every :data:`SAVE_EVERY` steps) and verl's own
-rollout dump (``trainer.rollout_data_dir``, decoded without special tokens). The run
-costs about 2-3 minutes on a shared 2-core host, verl's start-up included (the fixture prints it),
-plus the ``tool_caller`` checkpoint the engine tests share.
+What verl writes is read back: the MLflow run and the SFT's child run, ``rollout_weights.jsonl``
+(the rollout server's weight updates), each step's batch as the actor received it
+(``engine.verl.dump_batches``), verl's checkpoints (the SFT's, and the actor's every
+:data:`SAVE_EVERY` steps, HF weights) and verl's own rollout dump (``trainer.rollout_data_dir``,
+decoded without special tokens).
+
+A second, shorter run is the control of the learning checks (:func:`flipped_run`): the same
+recipe without SFT, :data:`FLIPPED_STEPS` steps, with every advantage's sign flipped inside verl's
+estimator; its updates must move each segment's log-probabilities the other way. The two runs
+cost about 4-6 minutes on a shared 2-core host, verl's start-ups included (the fixtures print
+them), plus the ``tool_caller`` checkpoint the engine tests share.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -38,7 +45,9 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("verl", reason="needs the verl extra")
+from tests.skip_policy import require
+
+require("verl", reason="needs the verl extra")
 pytestmark = [pytest.mark.verl, pytest.mark.slow]
 
 import torch  # noqa: E402
@@ -67,10 +76,13 @@ and the judge's short-circuits are off), so the judge's requests come in steps o
 JUDGE_MODEL, SIM_MODEL = "loopback-judge", "loopback-simulator"
 REPLY_BANDS = (15, 40, 80, 160)
 """Final replies longer than each of these many characters lose one rating point (5 down to 1)."""
-FAILURE_PERIOD = 3 * ROLLOUTS
-JUDGE_FAILURES = {2: "500", ROLLOUTS + 5: "hang"}
-"""Judge request k (in arrival order) fails as ``JUDGE_FAILURES[k % FAILURE_PERIOD]``: in every
-three steps one request answered HTTP 500, one left hanging, and one step without failures."""
+FAULT_MODULUS = 16
+FAULTS = {0: "500", 1: "hang"}
+"""A judge request fails as ``FAULTS[h % FAULT_MODULUS]``, ``h`` a hash of its messages: the same
+request always meets the same fate, whenever it arrives and whatever came before it. One request
+in 16 is answered HTTP 500 and one in 16 is left hanging past the judge's timeout: over the run's
+192 requests both kinds happen unless fewer than about 100 of them are distinct, (15/16)^100 =
+0.2% each."""
 JUDGE_TIMEOUT_S, HANG_S = 3.0, 30.0
 SIM_ANSWER = json.dumps({"status": "success", "result": {"value": 42, "state": "ok"}})
 PROBS_TOLERANCE = 1e-4
@@ -79,8 +91,23 @@ PROBS_TOLERANCE = 1e-4
 Both sides compute in float32 from the same weights; what is left is the order of float
 operations (a cached token-by-token forward on the server, a batched one in the trainer): 1e-6 to
 4e-6 measured. One update moves some tokens' probability ratio past PPO's clip (0.2) already."""
-SAVE_EVERY = 4
+SAVE_EVERY = 1
 """verl checkpoints the actor (HF weights) after every this many steps' updates."""
+RL_LR = 5e-4
+"""The RL stage's learning rate (both runs)."""
+SFT_STEPS, SFT_BATCH, SFT_LR = 40, 8, 3e-3
+SFT_LOSS = "train/loss"
+"""verl's SFT trainer's loss metric (per step, in the SFT stage's child run)."""
+SFT_LOSS_RATIO = 0.75
+"""The mean loss of the SFT's last three steps is below this fraction of its first three's."""
+MIN_MOVE = 0.0
+"""Least mean log-prob change (nats per token) that counts as a move."""
+"""verl's SFT stage of the shared run: 12 steps of 4 gold trajectories, the ``tool_caller``'s
+own rows (it had 80 steps of the local engine's SFT on them)."""
+FLIPPED_STEPS = 4
+"""RL steps of the control run; it checkpoints after each."""
+FLIP = ("algorithm.slca.tool_weight=-1.0", "algorithm.slca.summary_weight=-1.0")
+"""verl overrides of the control run: each advantage's sign flipped in verl's own estimator."""
 
 _REPLY = re.compile(r"<final_answer>\n(.*)\n</final_answer>", re.S)
 
@@ -90,10 +117,25 @@ def rating_of(reply: str) -> int:
     return 5 - sum(len(reply) > band for band in REPLY_BANDS)
 
 
+def fate_of(text: str) -> str:
+    """What the loopback judge does with a request: ``ok``, ``500`` or ``hang``, by its text."""
+    h = int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big")
+    return FAULTS.get(h % FAULT_MODULUS, "ok")
+
+
 @dataclass
 class Services:
-    """The loopback judge and simulator: answers, and every request's fate in arrival order."""
+    """The loopback judge and simulator: answers, and every request's fate in arrival order.
 
+    Attributes:
+        faults: whether the judge fails some requests (:func:`fate_of`); the simulator fails
+            every other call either way.
+        verl_overrides: verl overrides the run adds (the control's flipped signs).
+
+    """
+
+    faults: bool = True
+    verl_overrides: tuple[str, ...] = ()
     judged: list[tuple[int, str]] = field(default_factory=list)  # (rating, fate) per request
     simulated: list[str] = field(default_factory=list)  # fate per request
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -110,7 +152,7 @@ class Services:
     def _judge(self, request: RecordedRequest) -> Behaviour:
         found = _REPLY.search(request.text)
         rating = rating_of(found.group(1) if found else "")
-        fate = JUDGE_FAILURES.get(len(self.judged) % FAILURE_PERIOD, "ok")
+        fate = fate_of(request.text) if self.faults else "ok"
         self.judged.append((rating, fate))
         answer = (
             f"<response_quality><reasoning>Judged by its length.</reasoning>"
@@ -159,58 +201,25 @@ def _cli_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k not in drop}
 
 
-@pytest.fixture(scope="module")
-def verl_run(tool_caller, tmp_path_factory):
-    """The shared run: ``slca-exp train`` as a user runs it, against the loopback services."""
-    work = tmp_path_factory.mktemp("verl-trains")
+def train(work: Path, services: Services, args: list[str]) -> VerlRun:
+    """``slca-exp train ARGS`` as a user runs it, against ``services``; what it left behind."""
     root, rollout_dir = work / "out", work / "rollouts"
-    services = Services()
     exe = shutil.which("slca-exp") or str(Path(sys.executable).parent / "slca-exp")
     with serve_in_thread(route=services.route) as server:
         url = server.base_url
         args = [
-            "experiment=verl_smoke",
-            "engine.sft.enabled=false",
-            "backbone.source=local",
-            "backbone.name=tool-caller",
-            f"backbone.path={tool_caller.folder}",
-            "data.rows=16",
-            "data.seed=0",
-            f"engine.verl.train_batch_size={PROMPTS}",
-            f"algorithm.group_size={GROUP}",
-            "engine.verl.ppo_mini_batch_size=2",  # two updates per step
-            f"engine.verl.total_training_steps={STEPS}",
-            f"engine.verl.save_freq={SAVE_EVERY}",  # weights after some updates, in HF format
-            "engine.verl.total_epochs=3",
-            "engine.verl.lr=1e-3",
-            "engine.verl.use_kl_loss=false",
-            "engine.verl.dump_batches=true",
-            # one intra-op thread per verl process: on a shared 2-core host, processes that
-            # each take every core stall one another (the actor update measured 10x slower)
+            *args,
             f"engine.verl.overrides=['trainer.rollout_data_dir={rollout_dir}',"
             "'trainer.val_before_train=false',"
             "'actor_rollout_ref.actor.checkpoint.save_contents=[model,hf_model]',"
+            # one intra-op thread per verl process: on a shared 2-core host, processes that
+            # each take every core stall one another (the actor update measured 10x slower)
             "'ray_kwargs.ray_init.runtime_env.env_vars.OMP_NUM_THREADS=1',"
-            "'ray_kwargs.ray_init.runtime_env.env_vars.MKL_NUM_THREADS=1']",
-            "reward.judge_failure=absent",
-            "judge=openai",
-            *PLANTED,  # a secret through every config route: test_no_secret_in_any_store
+            "'ray_kwargs.ray_init.runtime_env.env_vars.MKL_NUM_THREADS=1'"
+            + "".join(f",'{o}'" for o in services.verl_overrides)
+            + "]",
             f"judge.base_url={url}",
-            f"judge.model={JUDGE_MODEL}",
-            f"judge.timeout_s={JUDGE_TIMEOUT_S}",
-            "judge.max_retries=0",
-            "judge.cache=false",
-            "judge.short_circuit_no_tool_response=false",
-            "judge.min_reply_chars=0",
-            "simulator=sgls",
             f"simulator.base_url={url}",
-            f"simulator.model={SIM_MODEL}",
-            "simulator.max_retries=0",
-            "simulator.timeout_s=60",
-            "simulator.cache=false",
-            # every call of a listed tool reaches the service, whatever its arguments
-            "simulator.check_required_args=false",
-            "simulator.check_types=false",
             f"tracking.root={root}",
         ]
         start = time.monotonic()
@@ -230,12 +239,84 @@ def verl_run(tool_caller, tmp_path_factory):
             out, err = process.communicate()
         wall = time.monotonic() - start
     result = subprocess.CompletedProcess(process.args, process.returncode, out, err)
-    print(f"\nverl run: {wall:.0f} s wall for {STEPS} steps of {ROLLOUTS} rollouts")
     assert result.returncode == 0, result.stderr[-4000:]
     (verl_dir,) = (root / "runs").glob("*/verl")
     run_id = json.loads((verl_dir / "run_ids.json").read_text())["mlflow"]
     client = MlflowClient(f"sqlite:///{root / 'mlflow.db'}")
     return VerlRun(result, wall, args, services, root, verl_dir, rollout_dir, client, run_id)
+
+
+def recipe_args(tool_caller, steps: int, save_every: int) -> list[str]:
+    """What both runs share: the ``tool_caller`` backbone, the loopback judge and simulator."""
+    return [
+        "experiment=verl_smoke",
+        "backbone.source=local",
+        "backbone.name=tool-caller",
+        f"backbone.path={tool_caller.folder}",
+        "data.rows=16",
+        "data.seed=0",
+        f"engine.verl.train_batch_size={PROMPTS}",
+        f"algorithm.group_size={GROUP}",
+        "engine.verl.ppo_mini_batch_size=2",  # two updates per step
+        f"engine.verl.total_training_steps={steps}",
+        f"engine.verl.save_freq={save_every}",  # weights after some updates, in HF format
+        "engine.verl.total_epochs=3",
+        f"engine.verl.lr={RL_LR}",
+        "engine.verl.use_kl_loss=false",
+        "engine.verl.dump_batches=true",
+        "reward.judge_failure=absent",
+        "judge=openai",
+        f"judge.model={JUDGE_MODEL}",
+        f"judge.timeout_s={JUDGE_TIMEOUT_S}",
+        "judge.max_retries=0",
+        "judge.cache=false",
+        "judge.short_circuit_no_tool_response=false",
+        "judge.min_reply_chars=0",
+        "simulator=sgls",
+        f"simulator.model={SIM_MODEL}",
+        "simulator.max_retries=0",
+        "simulator.timeout_s=60",
+        "simulator.cache=false",
+        # every call of a listed tool reaches the service, whatever its arguments
+        "simulator.check_required_args=false",
+        "simulator.check_types=false",
+    ]
+
+
+@pytest.fixture(scope="module")
+def verl_run(tool_caller, tmp_path_factory):
+    """The shared run: verl's SFT of ``tool_caller``, then SLCA-GRPO from the SFT's weights."""
+    args = [
+        *recipe_args(tool_caller, STEPS, SAVE_EVERY),
+        "engine.sft.enabled=true",
+        f"engine.sft.steps={SFT_STEPS}",
+        f"engine.sft.batch_size={SFT_BATCH}",
+        f"engine.sft.lr={SFT_LR}",
+        *PLANTED,  # a secret through every config route: test_no_secret_in_any_store
+    ]
+    run = train(tmp_path_factory.mktemp("verl-trains"), Services(faults=True), args)
+    print(f"\nverl run: {run.wall_s:.0f} s wall for SFT and {STEPS} steps of {ROLLOUTS} rollouts")
+    return run
+
+
+@pytest.fixture(scope="module")
+def flipped_run(verl_run, tool_caller, tmp_path_factory):
+    """The control: the same verl path with every advantage's sign flipped, no SFT stage.
+
+    verl's estimator reads its post-normalisation weights from verl's own ``algorithm.slca``
+    section; -1 for both turns each advantage it hands the actor into its negative. (The
+    recipe's ``algorithm.tool_weight`` refuses a negative weight: a user never trains this way.)
+    It runs after the shared run (``verl_run``), never beside it on the same cores.
+    """
+    services = Services(faults=False, verl_overrides=FLIP)
+    args = [
+        *recipe_args(tool_caller, FLIPPED_STEPS, 1),
+        "engine.sft.enabled=false",
+        f"backbone.path={sft_weights(verl_run)}",  # where the shared run's RL stage started
+    ]
+    run = train(tmp_path_factory.mktemp("verl-flipped"), services, args)
+    print(f"\nflipped verl run: {run.wall_s:.0f} s wall for {FLIPPED_STEPS} steps")
+    return run
 
 
 def test_the_run_finishes_every_step_in_the_recipes_mlflow_run(verl_run):
@@ -250,21 +331,13 @@ def test_the_run_finishes_every_step_in_the_recipes_mlflow_run(verl_run):
     print(f"verl step: {sum(step.values()) / len(step):.1f} s mean, {max(step.values()):.1f} max")
 
 
-def test_the_rollout_server_generates_with_the_trainers_new_weights_every_step(
-    verl_run, tool_caller
-):
-    from transformers import AutoModelForCausalLM
-
+def test_the_rollout_server_generates_with_the_trainers_new_weights_every_step(verl_run):
     lines = (verl_run.verl_dir / "rollout_weights.jsonl").read_text().splitlines()
     updates = [json.loads(line) for line in lines]
-    # the trainer's weights before the first step, then after each step's update
+    # the trainer's weights before the first step (the SFT's: the test below), then after each
+    # step's update
     assert [u["global_steps"] for u in updates] == list(range(STEPS + 1))
     assert all(u["missing"] == [] for u in updates)
-    backbone = AutoModelForCausalLM.from_pretrained(tool_caller.folder)
-    state = backbone.state_dict()
-    assert updates[0]["tensors"] == len(state)
-    start = math.sqrt(sum(float(t.double().pow(2).sum()) for t in state.values()))
-    assert updates[0]["l2"] == pytest.approx(start, rel=1e-9)  # the backbone's own weights
     norms = [u["l2"] for u in updates]
     assert all(a != b for a, b in zip(norms, norms[1:], strict=False)), norms  # every step moved
     # the server sampled with what the trainer computes its log-probs from, at every step
@@ -302,7 +375,12 @@ def params(verl_run):
 
 
 def test_the_advantages_verls_actor_receives_are_our_estimators_at_every_step(verl_run, params):
-    with_tool = moved = 0
+    """Equal, bit for bit, at every step; and neither segment's advantages all zero.
+
+    Equality of all-zero advantages would prove nothing about the routing: the run must have
+    rollouts whose tool advantage and rollouts whose summary advantage is non-zero.
+    """
+    with_tool = tool_moved = summary_moved = 0
     for step in range(1, STEPS + 1):
         batch = verl_run.batch(step)
         assert len(batch["infos"]) == len(batch["uid"]) == ROLLOUTS
@@ -310,9 +388,13 @@ def test_the_advantages_verls_actor_receives_are_our_estimators_at_every_step(ve
         assert torch.equal(ours.advantages, batch["advantages"]), step
         split = split_segments(batch["response_mask"])
         with_tool += int(split.has_tool.sum())
-        moved += int(((batch["advantages"] * split.tool_mask).abs().sum(1) > 0).sum())
-    print(f"rollouts with a tool segment: {with_tool}, with a tool advantage: {moved}")
-    assert with_tool > 0  # both segments were there to be routed
+        tool_moved += int(((batch["advantages"] * split.tool_mask).abs().sum(1) > 0).sum())
+        summary_moved += int(((batch["advantages"] * split.summary_mask).abs().sum(1) > 0).sum())
+    print(
+        f"rollouts with a tool segment: {with_tool}, with a tool advantage: {tool_moved}, "
+        f"with a summary advantage: {summary_moved}"
+    )
+    assert with_tool > 0 and tool_moved > 0 and summary_moved > 0
 
 
 def response_log_probs(model, batch: dict, temperature: float) -> list[torch.Tensor]:
@@ -331,53 +413,188 @@ def response_log_probs(model, batch: dict, temperature: float) -> list[torch.Ten
     return out
 
 
-def test_verls_update_moves_the_policy_along_our_advantages(verl_run, tool_caller):
-    """A step's update raises the log-probs of tokens with positive advantages, lowers the rest.
+def sft_weights(run: VerlRun) -> Path:
+    """The HF folder verl's SFT stage saved in ``run`` (its last step)."""
+    (folder,) = (run.verl_dir / "sft").glob(f"global_step_{SFT_STEPS}/huggingface")
+    return folder
 
-    The test above pins that the advantages verl's actor trained on are exactly our estimator's,
-    each segment's on that segment's tokens; this one pins what the actor does with them. The
-    batch of a step holds the actor's log-probs of its responses before the step's update
-    (``old_log_probs``); verl checkpoints the weights after every :data:`SAVE_EVERY`-th. PPO's
-    surrogate, sum(advantage x (new - old log-prob)) over the response tokens, must have risen:
-    an actor that negated the advantages, or applied them to other tokens, lowers it. The
-    log-probs are recomputed here first with the weights the first step started from, and must
-    be the trainer's own, so that the comparison is between like and like.
-    """
-    from omegaconf import OmegaConf
+
+def load_policy(folder: Path):
     from transformers import AutoModelForCausalLM
 
-    from slca_exp.engines.verl.engine import final_hf_checkpoint
+    return AutoModelForCausalLM.from_pretrained(folder, torch_dtype=torch.float32)
 
-    config = OmegaConf.load(verl_run.verl_dir / "ppo_trainer.yaml")
-    temperature = float(config.actor_rollout_ref.rollout.temperature)
-    first = verl_run.batch(1)
-    start = AutoModelForCausalLM.from_pretrained(tool_caller.folder, torch_dtype=torch.float32)
-    for row, logp in enumerate(response_log_probs(start, first, temperature)):
-        mask = first["response_mask"][row, : len(logp)].bool()
-        old = first["old_log_probs"][row, : len(logp)]
-        assert torch.allclose(logp[mask], old[mask], atol=PROBS_TOLERANCE), row
-    checkpoints = verl_run.verl_dir / "checkpoints"
-    assert final_hf_checkpoint(checkpoints) == (
-        checkpoints / f"global_step_{STEPS}" / "actor" / "huggingface",
-        STEPS,
+
+def temperature_of(run: VerlRun) -> float:
+    from omegaconf import OmegaConf
+
+    config = OmegaConf.load(run.verl_dir / "ppo_trainer.yaml")
+    return float(config.actor_rollout_ref.rollout.temperature)
+
+
+def weights_digest(folder: Path) -> str:
+    """A sha256 over every tensor of the safetensors weights in ``folder``, by name."""
+    from safetensors.torch import load_file
+
+    digest = hashlib.sha256()
+    for file in sorted(folder.glob("*.safetensors")):
+        tensors = load_file(file)
+        for name in sorted(tensors):
+            digest.update(name.encode())
+            digest.update(tensors[name].float().contiguous().numpy().tobytes())
+    return digest.hexdigest()
+
+
+def test_verls_sft_loss_falls(verl_run):
+    """verl's own SFT trainer, on CPU, learns the gold trajectories: its loss falls.
+
+    The SFT stage logs into a child run of the recipe's run (tag ``slca.stage=sft``).
+    """
+    children = verl_run.client.search_runs(
+        [verl_run.client.get_run(verl_run.run_id).info.experiment_id],
+        filter_string=f"tags.mlflow.parentRunId = '{verl_run.run_id}'",
     )
-    gains = {}
-    for step in range(SAVE_EVERY, STEPS + 1, SAVE_EVERY):
-        folder = checkpoints / f"global_step_{step}" / "actor" / "huggingface"
-        after = AutoModelForCausalLM.from_pretrained(folder, torch_dtype=torch.float32)
-        batch = verl_run.batch(step)
-        gain, moved = 0.0, 0
-        for row, logp in enumerate(response_log_probs(after, batch, temperature)):
-            mask = batch["response_mask"][row, : len(logp)].bool()
-            advantage = batch["advantages"][row, : len(logp)][mask]
-            gain += float(
-                (advantage * (logp - batch["old_log_probs"][row, : len(logp)])[mask]).sum()
-            )
-            moved += int((advantage != 0).sum())
-        if moved:  # a step whose every group agreed has nothing to move along
-            gains[step] = gain
-    print(f"surrogate gain of each checkpointed step's update: {gains}")
-    assert gains and all(gain > 0 for gain in gains.values()), gains
+    (sft,) = [r for r in children if r.data.tags.get("slca.stage") == "sft"]
+    assert sft.info.status == "FINISHED"
+    loss = {m.step: m.value for m in verl_run.client.get_metric_history(sft.info.run_id, SFT_LOSS)}
+    assert sorted(loss) == list(range(1, SFT_STEPS + 1)), loss
+    first, last = loss[1], loss[SFT_STEPS]
+    early = sum(loss[s] for s in range(1, 4)) / 3
+    late = sum(loss[s] for s in range(SFT_STEPS - 2, SFT_STEPS + 1)) / 3
+    print(f"verl SFT loss: {first:.3f} -> {last:.3f} (first 3: {early:.3f}, last 3: {late:.3f})")
+    assert late < early * SFT_LOSS_RATIO, (early, late)
+
+
+def test_rl_starts_from_the_weights_verls_sft_saved(verl_run, tool_caller):
+    """The RL stage's actor and rollout server load what the SFT stage saved, not the backbone.
+
+    Three views of one fact: the weights the rollout server received before the first step have
+    the SFT checkpoint's norm and tensor count; the actor's log-probs of the first step's
+    responses (``old_log_probs``) are the SFT checkpoint's, to float rounding; and the
+    backbone the SFT started from gives other log-probs, so the match is not vacuous.
+    """
+    folder = sft_weights(verl_run)
+    assert weights_digest(folder) != weights_digest(tool_caller.folder)  # the SFT moved them
+    sft = load_policy(folder)
+    state = sft.state_dict()
+    weights_log = (verl_run.verl_dir / "rollout_weights.jsonl").read_text()
+    first_update = json.loads(weights_log.splitlines()[0])
+    assert first_update["global_steps"] == 0 and first_update["tensors"] == len(state)
+    l2 = math.sqrt(sum(float(t.double().pow(2).sum()) for t in state.values()))
+    assert first_update["l2"] == pytest.approx(l2, rel=1e-9)
+    batch, temperature = verl_run.batch(1), temperature_of(verl_run)
+    before = load_policy(tool_caller.folder)
+    farthest = 0.0
+    for row, (logp, backbone) in enumerate(
+        zip(
+            response_log_probs(sft, batch, temperature),
+            response_log_probs(before, batch, temperature),
+            strict=True,
+        )
+    ):
+        mask = batch["response_mask"][row, : len(logp)].bool()
+        old = batch["old_log_probs"][row, : len(logp)]
+        assert torch.allclose(logp[mask], old[mask], atol=PROBS_TOLERANCE), row
+        farthest = max(farthest, float((backbone[mask] - old[mask]).abs().max()))
+    assert farthest > 100 * PROBS_TOLERANCE, farthest
+
+
+Changes = list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+"""Per response: the advantage, the log-prob change and the segment of each learnable token."""
+
+
+def log_prob_changes(run: VerlRun, step: int) -> Changes:
+    """Each response of ``step``: its advantages, new - old log-probs and segment, per token.
+
+    ``old`` is the actor's log-prob before the step's update (the batch's ``old_log_probs``);
+    ``new`` is recomputed with the weights verl checkpointed right after that update. Only
+    learnable tokens are kept; the segment is 1 for tool tokens and 2 for summary tokens.
+    """
+    folder = run.verl_dir / "checkpoints" / f"global_step_{step}" / "actor" / "huggingface"
+    batch = run.batch(step)
+    split = split_segments(batch["response_mask"])
+    segment = split.tool_mask.long() + 2 * split.summary_mask.long()
+    out = []
+    policy = load_policy(folder)
+    for row, logp in enumerate(response_log_probs(policy, batch, temperature_of(run))):
+        n = len(logp)
+        mask = batch["response_mask"][row, :n].bool()
+        change = (logp - batch["old_log_probs"][row, :n])[mask]
+        out.append((batch["advantages"][row, :n][mask], change, segment[row, :n][mask]))
+    return out
+
+
+@dataclass(frozen=True)
+class Moves:
+    """How an update moved the log-probs of one segment's tokens, by the sign of their advantage.
+
+    Attributes:
+        up: mean log-prob change of the tokens with a positive advantage.
+        down: mean log-prob change of the tokens with a negative advantage.
+        surrogate: PPO's first-order surrogate, sum(advantage x change), per token.
+        tokens: how many tokens had a non-zero advantage.
+
+    """
+
+    up: float
+    down: float
+    surrogate: float
+    tokens: int
+
+
+def moves(rows: Changes, segment: int) -> Moves:
+    """:class:`Moves` of ``segment`` (1 tool, 2 summary) over ``rows``."""
+    adv = torch.cat([a[s == segment] for a, _, s in rows]).double()
+    change = torch.cat([c[s == segment] for _, c, s in rows]).double()
+    up, down = change[adv > 0], change[adv < 0]
+    return Moves(
+        up=float(up.mean()) if len(up) else math.nan,
+        down=float(down.mean()) if len(down) else math.nan,
+        surrogate=float((adv * change).sum() / max(int((adv != 0).sum()), 1)),
+        tokens=int((adv != 0).sum()),
+    )
+
+
+def segment_moves(run: VerlRun, steps: range) -> dict[str, Moves]:
+    """:class:`Moves` of each segment, over the checkpointed ``steps`` of ``run`` together."""
+    rows = [r for step in steps for r in log_prob_changes(run, step)]
+    return {name: moves(rows, code) for name, code in (("tool", 1), ("summary", 2))}
+
+
+def test_positive_advantages_gain_log_probability_and_negative_ones_lose_it_per_segment(verl_run):
+    """Each segment's update does what its own advantages ask, checked token by token.
+
+    Over the checkpointed steps, the tool tokens with a positive tool advantage gain
+    log-probability on average and those with a negative one lose it; the same for the summary
+    tokens and the summary advantage. Margins: :data:`MIN_MOVE`.
+    """
+    found = segment_moves(verl_run, range(SAVE_EVERY, STEPS + 1, SAVE_EVERY))
+    print(f"log-prob moves per segment: {found}")
+    for name, move in found.items():
+        assert move.tokens > 0, name  # both segments had advantages to follow
+        assert move.up > MIN_MOVE and move.down < -MIN_MOVE, (name, move)
+
+
+def test_flipped_advantages_move_the_policy_the_other_way(verl_run, flipped_run, params):
+    """The control: the same verl path trained on the negated advantages moves each segment back.
+
+    The flipped run's actor received exactly the negatives of our estimator's advantages; on
+    every segment its updates lower PPO's surrogate measured with our advantages (and so move
+    positive-advantage tokens down), where the shared run's updates raise it.
+    """
+    for step in range(1, FLIPPED_STEPS + 1):
+        batch = flipped_run.batch(step)
+        assert torch.equal(-native_advantages(batch, params).advantages, batch["advantages"]), step
+    trained = segment_moves(verl_run, range(SAVE_EVERY, STEPS + 1, SAVE_EVERY))
+    flipped = segment_moves(flipped_run, range(1, FLIPPED_STEPS + 1))
+    print(f"trained: {trained}\nflipped: {flipped}")
+    for name in ("tool", "summary"):
+        assert flipped[name].tokens > 0, name
+        # the flipped run's batch holds the flipped advantages: its ``up`` tokens are the ones
+        # our estimator wanted down
+        assert flipped[name].up > MIN_MOVE and flipped[name].down < -MIN_MOVE, (name, flipped)
+        ours = -flipped[name].surrogate  # the surrogate measured with our advantages
+        assert trained[name].surrogate > MIN_MOVE and ours < -MIN_MOVE, (name, trained, flipped)
 
 
 def test_the_judges_ratings_are_what_the_reward_side_recorded(verl_run):
@@ -414,8 +631,8 @@ def test_judge_failures_are_absent_summaries_counted_and_the_run_goes_on(verl_ru
             summary_tokens = split.summary_mask[row]
             assert not batch["advantages"][row][summary_tokens].any()  # absent: no advantage
     fates = {fate for s in steps for _, fate in s}
-    assert {"500", "hang"} <= fates  # both kinds happened ...
-    assert 0 in failures.values() and max(failures.values()) > 0  # ... at some steps, not all
+    assert {"500", "hang"} <= fates  # both kinds happened, to a few requests (2 in 16)
+    assert 0 < sum(failures.values()) < STEPS * ROLLOUTS // 4
 
 
 def test_every_step_counts_its_judge_and_simulator_requests_and_none_was_an_outage(verl_run):
