@@ -9,10 +9,17 @@ one trainer: the stop request may arrive at any point of it, or it may be killed
 (SIGTERM in a Ray worker raises ``SystemExit``), and the next job resumes from the latest
 checkpoint, as verl's ``resume_mode=auto`` does. The real thing, on SLURM with Ray, is
 ``test_verl_slurm_on_cpu.py``.
+
+The model and verl's trainer are tied by one description of that order,
+``stopping.FIT_ORDER``: the installed verl's ``fit`` is checked against it (the check fails
+naming verl's version and the first call that moved), and so is :func:`verl_loop`'s own source;
+a reordered copy of verl's source shows the check failing.
 """
 
+import inspect
 import os
 from contextlib import ExitStack
+from importlib.metadata import version
 from types import SimpleNamespace
 from unittest import mock
 
@@ -20,7 +27,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-pytest.importorskip("verl", reason="needs the verl extra")
+from tests.skip_policy import require
+
+require("verl", reason="needs the verl extra")
 pytestmark = pytest.mark.verl
 
 from mlflow.tracking import MlflowClient  # noqa: E402
@@ -31,6 +40,8 @@ from verl.utils.tracking import Tracking  # noqa: E402
 from slca_exp.engines.verl import stopping  # noqa: E402
 from slca_exp.engines.verl.trainer import SLCATrainer  # noqa: E402
 
+VAL_METRIC = "val/score"
+"""What the model's validation logs, at the step verl validates at."""
 POINTS = ("begin", "step", "end", "log")
 """Where, in each step, a request or a kill may land: before ``on_step_begin``, during the
 step, before ``on_step_end`` (after verl's save_freq checkpoint), before the metrics are logged.
@@ -42,28 +53,46 @@ class Killed(SystemExit):
 
 
 def verl_loop(self, agent_loop_manager):
-    """The order of verl 0.9.1's ``PPOTrainer.fit`` (trainer_base.py), minus the work itself."""
+    """verl 0.9.1's ``PPOTrainer.fit`` (trainer_base.py) minus its work: ``stopping.FIT_ORDER``.
+
+    The calls of ``FIT_ORDER`` are verl's, where verl makes them (checked by
+    ``test_the_model_calls_the_hooks_in_the_order_of_verls_fit``); what verl does around them
+    (validation, rollouts, updates, metrics) is left out, the step is :func:`step`, and
+    ``world.tick`` marks where a stop request or a kill may land (:data:`POINTS`).
+    """
     world = self._world
     self.logger = Tracking(project_name="p", experiment_name="e", default_backend=["mlflow"])
-    self.on_validate_begin()  # val_before_train: verl validates, then logs at the resumed step
+    if self.config.trainer.get("val_before_train", True):
+        self.on_validate_begin()
+        self.logger.log(data={VAL_METRIC: 0.0}, step=self.global_steps)  # at the resumed step
+        if self.config.trainer.get("val_only", False):
+            return
     self.global_steps += 1
     self.on_train_begin()
     while self.global_steps <= self.total_training_steps:
-        step = self.global_steps
-        last = step >= self.total_training_steps
+        is_last_step = self.global_steps >= self.total_training_steps
         world.tick("begin")
         self.on_step_begin()
-        world.tick("step")
+        self.step({}, self.timing_raw)
         save_freq = self.config.trainer.save_freq
-        if save_freq > 0 and (last or step % save_freq == 0):
+        if save_freq > 0 and (is_last_step or self.global_steps % save_freq == 0):
             self._save_checkpoint()
         world.tick("end")
         self.on_step_end()
+        test_freq = self.config.trainer.test_freq
+        if test_freq > 0 and (is_last_step or self.global_steps % test_freq == 0):
+            self.on_validate_begin()
         world.tick("log")
-        self.logger.log(data={stopping.STEP_METRIC: step, "job": world.job}, step=step)
+        data = {stopping.STEP_METRIC: self.global_steps, "job": world.job}
+        self.logger.log(data=data, step=self.global_steps)
         self.global_steps += 1
-        if last:
+        if is_last_step:
             return
+
+
+def step(self, metrics, timing_raw):
+    """verl's step (rollouts, rewards, the update) stood in for by the point "step"."""
+    self._world.tick("step")
 
 
 def save_checkpoint(self):
@@ -77,8 +106,9 @@ def load_checkpoint(self):
 class World:
     """The run folder, the MLflow run and the checkpoints that outlive one job."""
 
-    def __init__(self, folder, run_id, steps, save_freq):
+    def __init__(self, folder, run_id, steps, save_freq, validate=True):
         self.folder, self.run_id, self.steps, self.save_freq = folder, run_id, steps, save_freq
+        self.validate = validate  # verl's val_before_train (its default: true), test_freq=2
         self.saved: list[int] = []
         self.job = 0
         self.ticks = 0
@@ -106,6 +136,8 @@ class World:
                 "trainer": {
                     "default_local_dir": str(self.folder / "checkpoints"),
                     "save_freq": self.save_freq,
+                    "val_before_train": self.validate,
+                    "test_freq": 2 if self.validate else -1,
                 },
             }
         )
@@ -136,14 +168,15 @@ def store(tmp_path_factory):
     with ExitStack() as stack:
         stack.enter_context(mock.patch.dict(os.environ, {"MLFLOW_TRACKING_URI": uri}))
         stack.enter_context(mock.patch.object(PPOTrainer, "fit", verl_loop))
+        stack.enter_context(mock.patch.object(PPOTrainer, "step", step))
         stack.enter_context(mock.patch.object(PPOTrainer, "_save_checkpoint", save_checkpoint))
         stack.enter_context(mock.patch.object(PPOTrainer, "_load_checkpoint", load_checkpoint))
         yield SimpleNamespace(client=client, experiment=experiment, root=tmp_path_factory)
 
 
-def new_world(store, steps, save_freq):
+def new_world(store, steps, save_freq, validate=True):
     run = store.client.create_run(store.experiment)
-    return World(store.root.mktemp("run"), run.info.run_id, steps, save_freq)
+    return World(store.root.mktemp("run"), run.info.run_id, steps, save_freq, validate)
 
 
 def history(store, world, name=stopping.STEP_METRIC):
@@ -152,6 +185,80 @@ def history(store, world, name=stopping.STEP_METRIC):
 
 def status(store, world):
     return store.client.get_run(world.run_id).info.status
+
+
+def test_verls_fit_calls_the_hooks_in_the_order_the_requeue_relies_on():
+    assert stopping.check_fit_order() == [], "\n".join(stopping.check_fit_order())
+
+
+def test_the_model_calls_the_hooks_in_the_order_of_verls_fit():
+    # the same description verl's fit is checked against: the model cannot drift from it
+    assert stopping.fit_order_change(inspect.getsource(verl_loop)) is None
+
+
+def _moved(source, line, before, which=0):
+    """``source`` with a line that holds ``line`` (``which``: its index among them) moved to
+    just before the first line that holds ``before``."""
+    lines = source.splitlines()
+    moving = [i for i, text in enumerate(lines) if line in text][which]
+    text = lines.pop(moving)
+    (target,) = [i for i, t in enumerate(lines) if before in t][:1]
+    indent = lines[target][: len(lines[target]) - len(lines[target].lstrip())]
+    lines.insert(target, indent + text.lstrip())
+    return "\n".join(lines)
+
+
+def _replaced(source, old, new):
+    assert old in source, old
+    return source.replace(old, new, 1)
+
+
+REORDERED = {
+    # each: verl's own fit, changed in one way that would break the requeue
+    "metrics logged before on_step_end": (
+        lambda s: _moved(s, "self.logger.log(data=metrics", "self.on_step_end()"),
+        "call 12 of 16: expected `self.on_step_end()` (in the training loop, under no `if`) "
+        "after `self._save_checkpoint()`",
+        "found `self.logger.log()` (in the training loop, under no `if`)",
+    ),
+    "save_freq's checkpoint after on_step_end": (
+        lambda s: _moved(s, "self.on_step_end()", 'with marked_timer("save_checkpoint"'),
+        "call 11 of 16: expected `self._save_checkpoint()` (in the training loop, under an "
+        "`if` on save_freq) after `self.step()`",
+        "found `self.on_step_end()` (in the training loop, under `if self.config.trainer.save_",
+    ),
+    "the step counted before it is logged": (
+        lambda s: _moved(s, "self.global_steps += 1", "dapo_filtered_reward_counts =", which=-1),
+        "call 14 of 16: expected `self.logger.log()` (in the training loop, under no `if`)",
+        "found `self.global_steps += 1` (in the training loop, under no `if`)",
+    ),
+    "no on_train_begin": (
+        lambda s: _replaced(s, "self.on_train_begin()", "pass"),
+        "call 6 of 16: expected `self.on_train_begin()`",
+        "found `while ... self.global_steps <= self.total_training_steps`",
+    ),
+    "validation before training not under val_before_train": (
+        lambda s: _replaced(s, 'if self.config.trainer.get("val_before_train", True):', "if 1:"),
+        "call 2 of 16: expected `self.on_validate_begin()` (outside the training loop, under "
+        "an `if` on val_before_train)",
+        "found `self.on_validate_begin()` (outside the training loop, under `if 1`)",
+    ),
+    "a second on_step_begin": (
+        lambda s: _replaced(s, "self.on_step_end()", "self.on_step_begin()"),
+        "call 12 of 16: expected `self.on_step_end()`",
+        "found `self.on_step_begin()`",
+    ),
+}
+
+
+@pytest.mark.parametrize("change", REORDERED)
+def test_a_reordered_fit_fails_the_check_naming_the_call_and_verls_version(change):
+    edit, expected, found = REORDERED[change]
+    source = edit(stopping.verl_fit_source())
+    (problem,) = stopping.check_fit_order(source)
+    assert problem.startswith(f"verl {version('verl')}: ")
+    assert "verl.trainer.ppo.v1.trainer_base.PPOTrainer.fit (FIT_ORDER)" in problem
+    assert expected in problem and found in problem, problem
 
 
 def test_a_stop_during_step_2_checkpoints_step_2_and_the_next_job_logs_3_to_5(store, capsys):
@@ -198,11 +305,12 @@ def test_a_job_killed_between_a_checkpoint_and_its_log_loses_that_step_and_says_
     save_freq=st.sampled_from([-1, 1, 2, 3]),
     request=st.one_of(st.none(), st.integers(0, 4 * 6)),
     kill=st.one_of(st.none(), st.integers(0, 4 * 6)),
+    validate=st.booleans(),
 )
 def test_every_step_is_logged_once_whenever_the_stop_or_the_kill_comes(
-    store, steps, save_freq, request, kill
+    store, steps, save_freq, request, kill, validate
 ):
-    world = new_world(store, steps, save_freq)
+    world = new_world(store, steps, save_freq, validate)
     first = world.run_job(request_at=request, kill_at=kill)
     if first == "stopped":
         stopped = stopping.Stopped.read(world.folder)
