@@ -34,7 +34,7 @@ lint: install
 	$(VENV)/bin/ruff check .
 
 test: install lint
-	$(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
+	$(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=20
 
 bench: install
 	$(PY) benchmarks/estimators.py

@@ -141,7 +141,9 @@ def test_every_commands_help_is_plain_text_without_markup(capsys):
     for command in helps:
         assert exit_status([*command, "--help"]) == 0, command
         out, err = capsys.readouterr()
-        assert out.startswith("usage:") and err == "", command
+        # the help is on stdout; stderr is not compared: a worker's other tests may log there
+        # (an event loop's task collected during this one)
+        assert out.startswith("usage:"), (command, err[-2000:])
         found = sorted({m.group(0) for m in MARKUP.finditer(out)})
         if found:
             marked[" ".join(["slca-exp", *command, "--help"])] = found
