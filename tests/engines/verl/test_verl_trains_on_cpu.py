@@ -591,7 +591,7 @@ def segment_moves(run: VerlRun, steps: range) -> dict[str, Moves]:
     return {name: moves(rows, codes) for name, codes in SEGMENTS.items()}
 
 
-def test_positive_advantages_gain_log_probability_and_negative_ones_lose_it_per_segment(verl_run):
+def test_each_segment_lifts_its_positive_advantage_tokens_above_its_negative_ones(verl_run):
     """Each segment's update does what its own advantages ask, read token by token.
 
     Over every step of the run, the tool tokens with a positive tool advantage end up higher,
