@@ -6,6 +6,8 @@
                       problem
     slca-exp compare EXPERIMENT_OR_SWEEP [--metric M ...] [--strict] [--tracking-uri URI]
                      [--out DIR] [--ui-url URL]  table, plots and MLflow compare link of a sweep
+    slca-exp rollouts RUN [--step N] [--val] [--best | --worst] [--html OUT] [--tracking-uri URI]
+                      a run's logged rollouts: rewards, segment advantages, the turns by segment
     slca-exp ui [--tracking-uri URI] [--host HOST] [--port PORT]  MLflow's UI on the runs'
                 store, each experiment in its own view (training runs: Model training)
     slca-exp serve up service=NAME [launcher=PROFILE] | status | down NAME  the frozen judge and
@@ -127,6 +129,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from slca_exp.compare import main as compare
 
         return compare(rest)
+    if command == "rollouts":
+        from slca_exp.tracking.rollouts_cli import main as rollouts
+
+        return rollouts(rest)
     if command == "ui":
         from slca_exp.ui import main as ui
 

@@ -37,7 +37,22 @@ def leaks(secret: str, folders: Iterable[Path], texts: Iterable[str] = ()) -> li
 
 
 def mlflow_texts(client: MlflowClient, run_id: str, into: Path) -> list[str]:
-    """A run's params, tags and downloaded artifacts, as text to search (artifacts: ``into``)."""
+    """A run's params, tags, traces and downloaded artifacts, as text to search (artifacts:
+    ``into``)."""
     run = client.get_run(run_id)
     client.download_artifacts(run_id, "", str(into))
-    return [repr(run.data.params), repr(run.data.tags)]
+    return [repr(run.data.params), repr(run.data.tags), *run_traces(client, run_id)]
+
+
+def run_traces(client: MlflowClient, run_id: str) -> list[str]:
+    """Every trace linked to the run, as JSON text (its rollouts: prompts, calls, answers)."""
+    import mlflow
+
+    experiment = client.get_run(run_id).info.experiment_id
+    previous = mlflow.get_tracking_uri()
+    mlflow.set_tracking_uri(client.tracking_uri)
+    try:
+        traces = mlflow.search_traces(run_id=run_id, locations=[experiment], return_type="list")
+    finally:
+        mlflow.set_tracking_uri(previous)
+    return [trace.to_json() for trace in traces]

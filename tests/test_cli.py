@@ -99,6 +99,7 @@ def test_unknown_option_is_one_clear_line(tmp_path, command):
 
 COMMAND_MODULES = {  # the commands whose help argparse writes: their sub-commands are found there
     "compare": "slca_exp.compare",
+    "rollouts": "slca_exp.tracking.rollouts_cli",
     "ui": "slca_exp.ui",
     "data": "slca_exp.data.cli",
     "serve": "slca_exp.serve.cli",

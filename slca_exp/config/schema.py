@@ -314,6 +314,23 @@ class EngineConfig:
 
 
 @dataclass
+class RolloutLogConfig:
+    """Which sampled rollouts are logged: traces, tables and the HTML credit view."""
+
+    every: int = param(
+        10,
+        "log the rollouts of RL step 1 and of every N-th step, and of every validation (0: no "
+        "rollouts at all)",
+        ge=0,
+    )
+    per_step: int = param(
+        4, "rollouts per logged step: the best and the worst of each of per_step/2 groups", gt=0
+    )
+    val: int = param(8, "validation rollouts traced per validation (the table holds all)", ge=0)
+    html: bool = param(True, "an HTML credit view per logged step (token-level advantages)")
+
+
+@dataclass
 class TrackingConfig:
     """Experiment trackers that receive the recipe and metrics (only global rank 0 logs)."""
 
@@ -356,6 +373,9 @@ class TrackingConfig:
         "server: tracking.mlflow_uri)",
     )
     plots: bool = param(True, "log end-of-run plots (reward curves, advantage histograms)")
+    rollouts: RolloutLogConfig = param(
+        default_factory=RolloutLogConfig, help="sampled rollouts: traces, tables, credit views"
+    )
     log_model: bool = param(
         True,
         "record the final policy as a logged model with a copy of its files; false: a "

@@ -117,6 +117,23 @@ class MultiTracker:
         """
         self.history.add_advantages(samples, step)
 
+    def log_rollouts(self, records: Sequence[Any], step: int, split: str) -> None:
+        """Hand one logged step's rollout records to every backend that shows rollouts.
+
+        MLflow: traces linked to the run, a table, a credit view and the records; W&B: a table;
+        the console: nothing. A backend that fails reports it once; the run goes on.
+
+        Args:
+            records: ``slca_exp.rollouts.RolloutRecord`` of the step (``rollouts.select``).
+            step: the RL step (validation: the step it ran at).
+            split: ``train`` | ``val``.
+
+        """
+        for tracker in self.trackers:
+            log = getattr(tracker, "log_rollouts", None)
+            if callable(log):
+                log(records, step, split)
+
     def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
         """Attach a file to every backend."""
         for tracker in self.trackers:

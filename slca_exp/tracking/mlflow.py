@@ -16,13 +16,21 @@ import json
 import os
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from slca_exp.config.paths import output_root
 from slca_exp.core.process import signals_deferred
-from slca_exp.core.tags import GIT_COMMIT, PARENT_RUN, RESUMED, RUN_NAME, SOURCE_NAME, SOURCE_TYPE
+from slca_exp.core.tags import (
+    GIT_COMMIT,
+    PARENT_RUN,
+    RESUMED,
+    RUN_NAME,
+    SIMULATOR,
+    SOURCE_NAME,
+    SOURCE_TYPE,
+)
 from slca_exp.tracking.base import Status
 from slca_exp.tracking.redact import Redactor
 from slca_exp.tracking.spool import Spool, StepRecord
@@ -33,6 +41,8 @@ if TYPE_CHECKING:
 
     from slca_exp.config.schema import TrackingConfig
     from slca_exp.recipe import Recipe
+    from slca_exp.rollouts.record import RolloutRecord
+    from slca_exp.tracking.rollout_log import RolloutLog
 
 PARENT_RUN_ENV = "SLCA_EXP_PARENT_RUN_ID"
 """The MLflow run id a job's run is created under (tag ``mlflow.parentRunId``)."""
@@ -151,6 +161,8 @@ class MlflowTracker:
         self._pending_artifacts: list[tuple[Path, str | None]] = []
         self._finished = False
         self._fingerprint = ""
+        self._simulator = ""
+        self._rollouts: RolloutLog | None = None
 
     def start(self, recipe: Recipe, params: Mapping[str, Any]) -> None:
         """Create the run with its tags, params, ``recipe.json`` and redacted ``config.yaml``.
@@ -161,6 +173,7 @@ class MlflowTracker:
         from mlflow.entities import Param
 
         self._fingerprint = recipe.short_fingerprint
+        self._simulator = self.redactor.text(recipe.tags().get(SIMULATOR, ""))
         self._bound_http_waits()
         local = not self.cfg.mlflow_uri
         if local:
@@ -247,6 +260,33 @@ class MlflowTracker:
             copy.write_bytes(Path(path).read_bytes())
             self._pending_artifacts.append((copy, artifact_path))
 
+    def log_rollouts(self, records: Sequence[RolloutRecord], step: int, split: str) -> None:
+        """One logged step's rollouts: traces linked to the run, a table, a credit view.
+
+        Secrets are redacted from every text first, as from params and artifacts. Nothing here
+        fails the run (``slca_exp.tracking.rollout_log``).
+        """
+        from slca_exp.rollouts.record import RolloutRecord as Record
+
+        assert self.client is not None and self.run_id is not None, "start() first"
+        if self._rollouts is None:
+            from slca_exp.tracking.rollout_log import RolloutLog
+
+            try:
+                experiment_id = self.client.get_run(self.run_id).info.experiment_id
+            except Exception as err:  # noqa: BLE001 - the store is away: no rollouts this step
+                print(f"slca-exp: rollouts of step {step} not logged ({type(err).__name__})")
+                return
+            self._rollouts = RolloutLog(
+                self.uri,
+                self.run_id,
+                experiment_id,
+                simulator=self._simulator,
+                html=self.cfg.rollouts.html,
+            )
+        clean = [Record.from_dict(json.loads(self.redactor.text(r.to_json()))) for r in records]
+        self._rollouts.log(clean, step, split)
+
     def log_model(self, path: str | Path, *, name: str, step: int) -> None:
         """Record the trained policy as a logged model of the run (``tracking.log_model``).
 
@@ -282,6 +322,8 @@ class MlflowTracker:
         if self._finished or self.client is None or self.run_id is None:
             return
         self._finished = True
+        if self._rollouts is not None:
+            self._rollouts.flush()  # traces are exported in the background
         deadline = time.monotonic() + self.cfg.flush_timeout_s
         while True:
             try:

@@ -17,7 +17,7 @@ policy (a ``model`` artifact), each with the sha256 the recipe holds in its meta
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -89,6 +89,27 @@ class WandbTracker:
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
         """Record one step."""
         self.run.log(dict(metrics), step=step)
+
+    def log_rollouts(self, records: Sequence[Any], step: int, split: str) -> None:
+        """One logged step's rollouts as a W&B Table (``rollouts/<split>``), MLflow's columns."""
+        import wandb
+
+        from slca_exp.tracking.rollout_log import table_columns
+
+        if not records:
+            return
+        try:
+            columns = table_columns(records)
+            rows = [
+                [self.redactor.text(v) if isinstance(v, str) else v for v in row]
+                for row in zip(*columns.values(), strict=True)
+            ]
+            table = wandb.Table(columns=list(columns), data=rows)
+            self.run.log({f"rollouts/{split}": table}, step=step)
+        except Exception as err:  # noqa: BLE001 - a view on the run must not fail it
+            if not getattr(self, "_rollouts_warned", False):
+                self._rollouts_warned = True
+                print(f"slca-exp: rollouts not logged to W&B ({type(err).__name__}: {err})")
 
     def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
         """Copy a file into the run's files (``artifact_path`` kept as a sub-folder)."""

@@ -13,6 +13,7 @@ import torch
 from mlflow.tracking import MlflowClient
 
 from tests.planted import PLANTED, SECRET, SECRET_ENV, leaks, mlflow_texts
+from tests.rollouts.checks import traces_of
 
 EXE = str(Path(sys.executable).parent / "slca-exp")
 TINY = [
@@ -102,6 +103,14 @@ def test_a_few_steps_through_the_cli_leave_a_finished_recorded_run(tmp_path):
     assert {"config.json", "model.safetensors"} <= files, files
     outputs = client.get_run(run.info.run_id).outputs.model_outputs
     assert [(o.model_id, o.step) for o in outputs] == [(model.model_id, 2)]
+    # Its rollouts (the defaults: RL step 1 and each validation) are traces of the run, with
+    # a table and a credit view per logged step; the secret grep below reads the traces too.
+    traces = traces_of(client, run.info.run_id)
+    logged = sorted({(t.info.tags["slca.split"], t.info.tags["slca.step"]) for t in traces})
+    assert logged == [("train", "1"), ("val", "0"), ("val", "2")], logged
+    assert {t.info.tags["slca.engine"] for t in traces} == {"local"}
+    files = {a.path for a in client.list_artifacts(run.info.run_id, "rollouts/train")}
+    assert {f"rollouts/train/step_000001.{kind}" for kind in ("json", "jsonl", "html")} == files
     # The planted secret: recorded as <redacted>, and in no store, checkpoint or log.
     assert run.data.params["judge.name"] == "<redacted>"
     texts = mlflow_texts(client, run.info.run_id, tmp_path / "artifacts")

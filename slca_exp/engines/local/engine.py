@@ -32,6 +32,8 @@ from slca_exp.core.process import RunKilled, signals_deferred
 from slca_exp.core.rows import Row
 from slca_exp.engines.base import Engine
 from slca_exp.engines.local import data_io
+from slca_exp.engines.local.policy import response_logprobs
+from slca_exp.engines.local.records import batch_view
 from slca_exp.engines.local.rollout import Roller, Rollouts, RolloutSettings
 from slca_exp.engines.local.schema import LocalEngineConfig
 from slca_exp.engines.local.sft import save_weights, sft_key, train_sft
@@ -47,6 +49,8 @@ from slca_exp.estimators import EstimatorParams, get_estimator
 from slca_exp.estimators.segments import SegmentSplit, split_segments
 from slca_exp.locks import file_lock, lock_path
 from slca_exp.rewards import HierRReward
+from slca_exp.rollouts.batch import BatchView, logged_rollouts
+from slca_exp.rollouts.select import due
 from slca_exp.services.outage import ServiceWatch
 
 
@@ -244,10 +248,22 @@ class _LocalRun:
             # From the update to the checkpoint a step is all or nothing: SIGTERM or SLURM's
             # preemption signal waits until the step is recorded, so a resumed run neither
             # repeats a logged step nor starts from half an update.
+            logged = due(step + 1, self.cfg.tracking.rollouts.every)
             with signals_deferred():
                 self.model.train()
+                old_logp = None
+                if logged:  # the update's own old log-probs, kept to show with the rollouts
+                    with torch.no_grad():
+                        old_logp, _ = response_logprobs(self.model, packed, rollout.temperature)
                 train_stats = rl_update(
-                    self.model, reference, optimizer, packed, adv, rl, rollout.temperature
+                    self.model,
+                    reference,
+                    optimizer,
+                    packed,
+                    adv,
+                    rl,
+                    rollout.temperature,
+                    old_logp=old_logp,
                 )
                 self.model.eval()
                 t4 = time.perf_counter()
@@ -264,6 +280,12 @@ class _LocalRun:
                 if self.state.step % self.engine.checkpoint_every == 0:
                     save_checkpoint(self.folder, self.model, optimizer, self.state)
             last = metrics
+            if logged:
+                view = batch_view(
+                    rolls, scored, split, packed.response_mask, data_split="train", adv=adv,
+                    logprobs=old_logp,
+                )  # fmt: skip
+                self._log_rollouts(view, self.state.step, "train")
             self.watch.observe(metrics, self.state.step)  # the step is recorded: stop may raise
             bar.update(
                 {
@@ -280,6 +302,26 @@ class _LocalRun:
         self._validate("rl", self.state.step)
         save_checkpoint(self.folder, self.model, optimizer, self.state)
         return last
+
+    def _log_rollouts(self, view: BatchView, step: int, split: str) -> None:
+        """Hand the step's logged rollouts to the trackers (``tracking.rollouts``)."""
+        log = getattr(self.tracker, "log_rollouts", None)
+        if log is None:
+            return
+        settings = self.cfg.tracking.rollouts
+        records = logged_rollouts(
+            view,
+            per_step=settings.val if split == "val" else settings.per_step,
+            decode=self.tok.decode,
+            run={
+                "algorithm": self.cfg.algorithm.name,
+                "seed": self.cfg.seed,
+                "engine": self.cfg.engine.name,
+            },
+            step=step,
+            split=split,
+        )
+        log(records, step, split)
 
     def _record_policy(self) -> None:
         """Save the trained policy as an HF folder and record it as the run's model.
@@ -309,6 +351,12 @@ class _LocalRun:
         metrics[names.VAL_SUCCESS] = success
         metrics[names.val(names.SEGMENT_CUTOFF_FRAC)] = _fraction(rolls.ends_on_tool_call())
         self.tracker.log_metrics(metrics, step)
+        if self.cfg.tracking.rollouts.every and self.cfg.tracking.rollouts.val:
+            packed = rolls.batch(self.roller.pad_id)
+            cut_off = rolls.ends_on_tool_call()
+            split = segments(packed.response_mask, cut_off, self.engine.rl.mask_rule)
+            view = batch_view(rolls, scored, split, packed.response_mask, data_split="val")
+            self._log_rollouts(view, step, "val")
         self.state.val[label] = metrics
         self.state.save(self.folder)
         print(

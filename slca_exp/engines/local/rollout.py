@@ -48,6 +48,7 @@ class Rollouts:
         timings: seconds spent generating and simulating.
         logprobs: per sample and response token, the log-probability the sampler drew it with
             (NaN on injected tokens); only with ``RolloutSettings.logprobs``, else None.
+        answers: per sample, the simulator responses its response holds, in call order.
 
     """
 
@@ -62,6 +63,7 @@ class Rollouts:
     tool_results: list[ToolResponse] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
     logprobs: list[list[float]] | None = None
+    answers: list[list[ToolResponse]] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.texts)
@@ -208,6 +210,7 @@ class Roller:
         turns = [0] * n
         truncated = [False] * n
         results: list[ToolResponse] = []
+        answered: list[list[ToolResponse]] = [[] for _ in range(n)]
         active = list(range(n))
         for turn in range(settings.max_turns + 1):
             if not active:
@@ -250,6 +253,7 @@ class Roller:
                     truncated[i] = True  # no room left for another turn
                     continue
                 response[i] += glue
+                answered[i] += responses
                 mask[i] += [0] * len(glue)
                 logprobs[i] += [float("nan")] * len(glue)
                 context[i] += glue
@@ -268,6 +272,7 @@ class Roller:
             results,
             timings,
             logprobs if settings.logprobs else None,
+            answered,
         )
 
     def _generate(

@@ -27,18 +27,23 @@ def rl_update(
     adv: SegmentAdvantages,
     cfg: RLConfig,
     temperature: float,
+    old_logp: torch.Tensor | None = None,
 ) -> dict[str, float]:
     """Update ``model`` on one batch of rollouts; returns the ``train/*`` metrics.
 
     The log-probs of the sampling policy are recomputed once before the first update (the
     policy that generated the batch is the current one), so the first minibatch has ratio 1 and
-    clipping acts from the second on, as in verl.
+    clipping acts from the second on, as in verl. A caller that computed them already (to log
+    them with the step's rollouts) passes them as ``old_logp``: (B, T), ``response_logprobs``
+    of ``model`` in its current state.
     """
     device = batch.input_ids.device
     mask = batch.response_mask.to(device)
     advantages = adv.advantages.to(device)
     with torch.no_grad():
-        old_logp, _ = response_logprobs(model, batch, temperature)
+        if old_logp is None:
+            old_logp, _ = response_logprobs(model, batch, temperature)
+        old_logp = old_logp.to(device)
         ref_logp = None
         if reference is not None and cfg.kl_coef > 0:
             ref_logp, _ = response_logprobs(reference, batch, temperature)

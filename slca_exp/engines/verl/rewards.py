@@ -147,12 +147,22 @@ def _result(scored: Any, ends_on_tool: bool, *, corrected: bool) -> dict[str, An
         "slca/judge/score": float(judged.score),  # NaN: absent (failed under `absent`)
         "slca/judge/rating": int(judged.rating) if judged.rating is not None else -1,
         "slca/judge_status": str(judged.status),
+        "slca/judge_reason": str(judged.reason),
         "slca/judge/cached": int(judged.cached),
         "slca/judge/latency_ms": float(judged.latency_ms),
     }
     for name, value in raw_tool.components.items():
         info[f"slca/tool/{name}"] = float(value)
     return {"reward_score": _finite(total), "reward_extra_info": info}
+
+
+def batch_infos(extra_fields: Sequence[Any]) -> list[Mapping[str, Any]]:
+    """Each rollout's ``reward_extra_info`` from its TransferQueue ``extra_fields`` ({} if none)."""
+    infos = []
+    for fields in extra_fields:
+        info = fields.get("reward_extra_info") if isinstance(fields, Mapping) else None
+        infos.append(info if isinstance(info, Mapping) else {})
+    return infos
 
 
 def reward_metrics(infos: Sequence[Mapping[str, Any]]) -> dict[str, float]:

@@ -124,6 +124,8 @@ FIXED: dict[str, Any] = {
     # verl's synchronous trainer plus our per-segment metrics and the corrected mask rule
     # (slca_exp/engines/verl/trainer.py, registered by the plugin)
     "trainer.v1.trainer_mode": "slca_sync",
+    # replaced by slca-exp's rollout logging (tracking.rollouts; engines/verl/rollouts.py)
+    "trainer.log_val_generations": 0,
 }
 """verl values every translated config has."""
 
@@ -182,6 +184,7 @@ def verl_values(config: RunConfig, recipe: Recipe | None = None) -> dict[str, An
                 **our_section(config),
                 "data": {"train": train, "val": val},
                 "dump_dir": str(folder / BATCHES_DIR) if v.dump_batches else None,
+                "rollouts": rollout_section(config, recipe),
             },
             "data.train_files": str(folder / DATA_DIR / "train.parquet") if train else None,
             "data.val_files": str(folder / DATA_DIR / "val.parquet") if val else None,
@@ -234,6 +237,23 @@ def our_section(config: RunConfig) -> dict[str, Any]:
             OmegaConf.to_container(OmegaConf.structured(getattr(config, name)), resolve=True)
         )
         for name in ("reward", "judge", "simulator")
+    }
+
+
+def rollout_section(config: RunConfig, recipe: Recipe | None) -> dict[str, Any]:
+    """``slca_exp.rollouts``: which rollouts slca-exp's trainer logs, and what it tags them with.
+
+    ``tracking.rollouts`` plus the run's algorithm, seed and engine and the simulator's name,
+    as the local engine records them.
+    """
+    from slca_exp.core.tags import SIMULATOR
+    from slca_exp.tracking.redact import Redactor
+
+    simulator = recipe.tags().get(SIMULATOR, "") if recipe is not None else ""
+    return {
+        **dataclasses.asdict(config.tracking.rollouts),
+        "run": {"algorithm": config.algorithm.name, "seed": config.seed, "engine": "verl"},
+        "simulator": Redactor.for_config(config).text(simulator or config.simulator.backend),
     }
 
 

@@ -34,6 +34,7 @@ from omegaconf import OmegaConf
 from slca_exp.config.schema import SimulatorConfig
 from slca_exp.core import names
 from slca_exp.core.rows import Row, recorded_of
+from slca_exp.engines.verl.rollouts import record_answer
 from slca_exp.rewards.types import ToolCall
 from slca_exp.simulators import SimContext, Simulator, build_simulator
 
@@ -220,7 +221,9 @@ class SimulatedTool(_ToolBase):  # type: ignore[misc, valid-type]
             "cached": answer.cached,
             "latency_ms": answer.latency_ms,
         }
-        count_answer(getattr(kwargs.get("agent_data"), "extra_fields", None), answer.status)
+        fields = getattr(kwargs.get("agent_data"), "extra_fields", None)
+        count_answer(fields, answer.status)
+        record_answer(fields, self.name, parameters, answer)  # shown with the logged rollouts
         return _VerlToolResponse(text=answer.content), 0.0, metrics
 
     async def release(self, instance_id: str, **kwargs: Any) -> None:  # noqa: ANN401

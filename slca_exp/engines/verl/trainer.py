@@ -50,8 +50,10 @@ from slca_exp.engines.verl.rewards import (
     SUMMARY_KEY,
     TOOL_KEY,
     TOTAL_KEY,
+    batch_infos,
     reward_metrics,
 )
+from slca_exp.engines.verl.rollouts import ActiveRunLog, ValidationCapture, batch_view
 from slca_exp.engines.verl.stopping import (
     STOP_KEY,
     SkipLogged,
@@ -62,21 +64,16 @@ from slca_exp.engines.verl.stopping import (
 )
 from slca_exp.engines.verl.tools import simulator_metrics
 from slca_exp.estimators import RolloutScores
+from slca_exp.rollouts.batch import logged_rollouts
+from slca_exp.rollouts.select import due
 from slca_exp.services.outage import ServiceWatch
 
 TRAINER_MODE = "slca_sync"
 """``trainer.v1.trainer_mode`` of :class:`SLCATrainer`."""
 DUMP_KEY = f"{OUR_KEY}.dump_dir"
+ROLLOUTS_KEY = f"{OUR_KEY}.rollouts"
+"""``tracking.rollouts`` and the run's tags for its records (``rl_config.rollout_section``)."""
 """Where each step's batch is written (:func:`dump_batch`); set by ``engine.verl.dump_batches``."""
-
-
-def batch_infos(extra_fields: Sequence[Any]) -> list[Mapping[str, Any]]:
-    """Each rollout's ``reward_extra_info`` from its TransferQueue ``extra_fields`` ({} if none)."""
-    infos = []
-    for fields in extra_fields:
-        info = fields.get("reward_extra_info") if isinstance(fields, Mapping) else None
-        infos.append(info if isinstance(info, Mapping) else {})
-    return infos
 
 
 def no_summary_rows(infos: Sequence[Mapping[str, Any]]) -> np.ndarray:
@@ -149,6 +146,9 @@ class SLCATrainer(PPOTrainerSync):
             status = "KILLED"
             raise
         finally:
+            log = getattr(self, "_rollouts", None)
+            if log is not None:
+                log.flush()
             end_recipe_run(status)
 
     def on_step_begin(self) -> None:
@@ -243,7 +243,89 @@ class SLCATrainer(PPOTrainerSync):
         folder = OmegaConf.select(self.config, DUMP_KEY, default=None)
         if folder:
             dump_batch(batch, infos, Path(folder) / f"step_{self.global_steps}.pt")
+        settings = self._rollout_settings()
+        if settings and due(self.global_steps, int(settings["every"])):
+            self._log_rollouts("train", [batch], no_summary, int(settings["per_step"]))
         return batch
+
+    # -- logged rollouts (tracking.rollouts) --------------------------------------------------
+
+    def _validate(self) -> dict[str, float]:
+        """Verl's validation; its batches' rollouts are read on the way and logged after it."""
+        settings = self._rollout_settings()
+        if not settings or not int(settings["every"]) or not int(settings["val"]):
+            return super()._validate()
+        buffer = self.replay_buffer
+        corrected = mask_rule(self.config.algorithm) == "corrected"
+        capture = ValidationCapture(buffer, lambda b: self._view(b, "val", corrected=corrected))
+        self.replay_buffer = capture
+        try:
+            result = super()._validate()
+        finally:
+            self.replay_buffer = buffer
+        if capture.failed is not None:
+            self._rollout_log().warn_once(capture.failed)
+        self._log_views("val", capture.views, int(settings["val"]))
+        return result
+
+    def _view(self, batch: Any, split: str, *, corrected: bool) -> Any:  # noqa: ANN401
+        no_summary = None
+        if corrected:
+            import transfer_queue as tq
+
+            data = tq.kv_batch_get(
+                keys=batch.keys, partition_id=batch.partition_id, select_fields=["extra_fields"]
+            )
+            no_summary = no_summary_rows(batch_infos(data.pop("extra_fields").tolist()))
+        return batch_view(
+            batch, self.tokenizer, split=split, no_summary=no_summary, advantages=split == "train"
+        )
+
+    def _log_rollouts(self, split: str, batches: list, no_summary: Any, per_step: int) -> None:  # noqa: ANN401
+        """Log a training step's picked rollouts (the batch the actor receives)."""
+        try:
+            views = [
+                batch_view(b, self.tokenizer, split=split, no_summary=no_summary, advantages=True)
+                for b in batches
+            ]
+        except Exception as err:  # noqa: BLE001 - a view on the run must not fail it
+            self._rollout_log().warn_once(err)
+            return
+        self._log_views(split, views, per_step)
+
+    def _log_views(self, split: str, views: list, per_step: int) -> None:
+        settings = self._rollout_settings()
+        log = self._rollout_log()
+        records = []
+        try:
+            for view in views:
+                left = per_step - len(records)
+                if left <= 0:
+                    break
+                records += logged_rollouts(
+                    view,
+                    per_step=left,
+                    decode=lambda ids: self.tokenizer.decode(ids, skip_special_tokens=False),
+                    run=dict(settings["run"]),
+                    step=self.global_steps,
+                    split=split,
+                )
+        except Exception as err:  # noqa: BLE001
+            log.warn_once(err)
+            return
+        log.log(records, self.global_steps, split)
+
+    def _rollout_settings(self) -> Any:  # noqa: ANN401
+        return OmegaConf.select(self.config, ROLLOUTS_KEY, default=None)
+
+    def _rollout_log(self) -> ActiveRunLog:
+        log = getattr(self, "_rollouts", None)
+        if log is None:
+            settings = self._rollout_settings()
+            log = self._rollouts = ActiveRunLog(
+                str(settings["simulator"]) if settings else "", bool(settings and settings["html"])
+            )
+        return log
 
     def _service_watch(self) -> ServiceWatch:
         """The run's outage watch; outages tag the MLflow run verl's logger attached to."""

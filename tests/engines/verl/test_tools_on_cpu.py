@@ -15,6 +15,7 @@ from verl.tools.tool_registry import initialize_tools_from_config  # noqa: E402
 
 from slca_exp.config.schema import SimulatorConfig  # noqa: E402
 from slca_exp.data.synthetic import build_rows  # noqa: E402
+from slca_exp.engines.verl.rollouts import ANSWERS_KEY  # noqa: E402
 from slca_exp.engines.verl.tools import (  # noqa: E402
     SIM_FAILURES_KEY,
     SIM_REQUESTS_KEY,
@@ -102,7 +103,13 @@ def test_each_answer_is_counted_in_its_rollouts_fields_for_the_simulator_metrics
     agent_data = type("AgentData", (), {})()
     agent_data.extra_fields = {}  # what verl's loop hands each call of one rollout
     call(tools[recorded["name"]], row, recorded["arguments"], agent_data)
+    answers = agent_data.extra_fields.pop(ANSWERS_KEY)
     assert agent_data.extra_fields == {SIM_REQUESTS_KEY: 1, SIM_FAILURES_KEY: 0}
+    # the answer itself is kept too, for the logged rollouts (its call, content, status)
+    (answer,) = answers
+    assert answer["name"] == recorded["name"] and answer["status"] == "ok"
+    assert json.loads(answer["arguments"]) == recorded["arguments"]
+    assert answer["content"] and answer["cached"] is False
     other = {}
     for status in ("failed", "schema_error", "ok", "failed"):
         count_answer(other, status)

@@ -67,7 +67,9 @@ from slca_exp.estimators.segments import split_segments  # noqa: E402
 from slca_exp.judges.base import LABELS  # noqa: E402
 from slca_exp.services.loopback import Behaviour, RecordedRequest, serve_in_thread  # noqa: E402
 from slca_exp.tracking.redact import REDACTED  # noqa: E402
+from slca_exp.tracking.rollout_traces import CONDITIONAL  # noqa: E402
 from tests.planted import PLANTED, SECRET, SECRET_ENV, leaks, mlflow_texts  # noqa: E402
+from tests.rollouts.checks import check_run_rollouts, signature  # noqa: E402
 
 STEPS = 12
 """RL steps of the run."""
@@ -328,6 +330,84 @@ def flipped_run(verl_run, tool_caller, tmp_path_factory):
     run = train(tmp_path_factory.mktemp("verl-flipped"), services, args)
     print(f"\nflipped verl run: {run.wall_s:.0f} s wall for {FLIPPED_STEPS} steps")
     return run
+
+
+@pytest.fixture(scope="module")
+def local_run(flipped_run, tool_caller, tmp_path_factory):
+    """The shared run's recipe on the local engine: one RL step, after the verl runs.
+
+    The five components are the shared run's (the ``tool_caller`` backbone, the reward, the
+    loopback judge and simulator, the split); only the engine and its sizes differ.
+    """
+    work = tmp_path_factory.mktemp("local-same-recipe")
+    kept = [a for a in recipe_args(tool_caller, STEPS, SAVE_EVERY) if not a.startswith("engine.")]
+    args = [
+        *("experiment=smoke" if a == "experiment=verl_smoke" else a for a in kept),
+        "engine=local",
+        "engine.sft.enabled=false",
+        "engine.rl.steps=1",
+        "engine.rollout.prompts_per_step=2",
+        "engine.rollout.max_turn_tokens=64",
+        "engine.rollout.max_response_tokens=256",
+        f"engine.rollout.temperature={TEMPERATURE}",
+        "engine.val_rows=2",
+        "engine.progress=false",
+        f"tracking.root={work / 'out'}",
+    ]
+    exe = shutil.which("slca-exp") or str(Path(sys.executable).parent / "slca-exp")
+    start = time.monotonic()
+    with serve_in_thread(route=Services(faults=False).route) as server:
+        urls = [f"judge.base_url={server.base_url}", f"simulator.base_url={server.base_url}"]
+        result = subprocess.run(
+            [exe, "train", *args, *urls],
+            cwd=work,
+            env=_cli_env(),
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+    assert result.returncode == 0, result.stderr[-4000:]
+    print(f"\nlocal run of the same recipe: {time.monotonic() - start:.0f} s wall")
+    client = MlflowClient(f"sqlite:///{work / 'out' / 'mlflow.db'}")
+    (run,) = [r for e in client.search_experiments() for r in client.search_runs([e.experiment_id])]
+    return client, run.info.run_id, work
+
+
+def test_the_runs_rollouts_are_traces_with_a_table_and_a_credit_view(verl_run, tmp_path):
+    """Steps 1 and 10 (``tracking.rollouts.every=10``): each group's best and worst rollout."""
+    by_split = check_run_rollouts(verl_run.client, verl_run.run_id, tmp_path)
+    train = by_split["train"]
+    assert sorted({int(t.info.tags["slca.step"]) for t in train}) == [1, 10]
+    assert len(train) == 2 * 4  # tracking.rollouts.per_step at each logged step
+    assert {t.info.tags["slca.engine"] for t in train} == {"verl"}
+    # each trace's advantages are those verl's actor received at that step
+    for trace in train:
+        step = int(trace.info.tags["slca.step"])
+        batch = verl_run.batch(step)
+        root = trace.data.spans[0].attributes
+        tokens = root["slca.tokens.tool"] + root["slca.tokens.summary"]
+        summary_adv = root["slca.adv.summary"]
+        rows = zip(batch["response_mask"], batch["advantages"], strict=True)
+        matches = [
+            i
+            for i, (mask, adv) in enumerate(rows)
+            if int(mask.sum()) == tokens and float(adv[mask.bool()][-1]) == summary_adv
+        ]
+        assert matches, (step, root)
+    tools = [s for t in train for s in t.data.spans if s.span_type == "TOOL"]
+    assert {"ok", "failed"} <= {s.outputs["status"] for s in tools}  # every other call fails
+    assert all(s.outputs["simulator"].startswith("sgls") for s in tools)
+
+
+def test_both_engines_traces_carry_the_same_span_kinds_and_attribute_names(verl_run, local_run):
+    client, run_id, _ = local_run
+    local = signature(check_run_rollouts(client, run_id, local_run[2] / "dl")["train"])
+    verl = signature(
+        check_run_rollouts(verl_run.client, verl_run.run_id, local_run[2] / "v")["train"]
+    )
+    assert set(local) == set(verl) == {"tags", "AGENT", "CHAT_MODEL", "TOOL"}
+    for kind in local:
+        assert local[kind] - CONDITIONAL == verl[kind] - CONDITIONAL, kind
 
 
 def test_the_run_finishes_every_step_in_the_recipes_mlflow_run(verl_run):

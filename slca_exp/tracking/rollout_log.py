@@ -1,0 +1,210 @@
+"""A logged step's rollouts into an MLflow run: traces, a table, a credit view, the records.
+
+    records of one step (one split)
+      -> one trace per record, linked to the run (``rollout_traces.py``)
+      -> rollouts/<split>/step_<N>.json    a table, ``mlflow.log_table`` (:func:`table_columns`)
+      -> rollouts/<split>/step_<N>.html    the credit view (``tracking.rollouts.html``)
+      -> rollouts/<split>/step_<N>.jsonl   the records (what ``slca-exp rollouts`` reads)
+
+Logging rollouts is a view on the run, never a reason for it to fail: anything that cannot be
+written is reported once (the first failure, with its error) and the run goes on; metrics are
+logged elsewhere and never wait on it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from slca_exp.rollouts import files
+from slca_exp.rollouts.record import RolloutRecord
+
+COMPONENTS = ("format", "name", "key", "value", "parallel")
+
+
+def table_columns(records: Sequence[RolloutRecord]) -> dict[str, list[Any]]:
+    """One row per rollout: what the MLflow table and the W&B table hold (same columns)."""
+    rows = [_row(r) for r in records]
+    return {name: [row[name] for row in rows] for name in rows[0]} if rows else {}
+
+
+def _row(r: RolloutRecord) -> dict[str, Any]:
+    rewards = r.rewards
+    row: dict[str, Any] = {
+        "step": r.step,
+        "split": r.split,
+        "prompt_id": r.group,
+        "sample": r.sample,
+        "rank": r.rank,
+        "response": r.response,
+        "gold_calls": json.dumps(r.gold, ensure_ascii=False),
+        "tool_reward": _num(rewards.tool),
+    }
+    for part in COMPONENTS:
+        row[f"tool_{part}"] = _num(rewards.components.get(part))
+    row.update(
+        {
+            "summary_rating": rewards.rating,
+            "summary_reward": _num(rewards.summary),
+            "judge_status": rewards.judge_status,
+            "total": _num(rewards.total),
+            "tool_advantage": _num(r.tool_adv),
+            "summary_advantage": _num(r.summary_adv),
+            "turns": sum(1 for t in r.turns if t.role == "assistant"),
+            "tool_calls": len(r.calls),
+            "length": len(r.token_ids),
+            "tool_tokens": r.segment_tokens("tool"),
+            "summary_tokens": r.segment_tokens("summary"),
+            "ends_on_tool_call": r.ends_on_tool_call,
+        }
+    )
+    return row
+
+
+class RolloutLog:
+    """Writes logged steps into one MLflow run.
+
+    Args:
+        uri: the run's tracking URI.
+        run_id: the run.
+        experiment_id: its experiment (where its traces are kept).
+        simulator: the simulator's name (on every TOOL span).
+        html: write the credit view.
+
+    """
+
+    def __init__(
+        self, uri: str, run_id: str, experiment_id: str, *, simulator: str, html: bool = True
+    ) -> None:
+        self.uri = uri
+        self.run_id = run_id
+        self.experiment_id = experiment_id
+        self.simulator = simulator
+        self.html = html
+        self.warned: set[str] = set()
+
+    def log(self, records: Sequence[RolloutRecord], step: int, split: str) -> None:
+        """Log one step's records; never raises (a failure is reported once per kind)."""
+        if not records:
+            return
+        _ExportFailures.watch(self)
+        self._guard("traces", lambda: self._traces(records))
+        with tempfile.TemporaryDirectory(prefix="slca-exp-rollouts-") as tmp:
+            folder = Path(tmp)
+            self._guard("table", lambda: self._table(records, step, split))
+            self._guard("records", lambda: self._files(records, step, split, folder))
+
+    def flush(self) -> None:
+        """Wait for traces still being exported (MLflow exports them in the background)."""
+        self._guard("traces", _flush_traces)
+
+    # --- parts -----------------------------------------------------------------------------
+
+    def _traces(self, records: Sequence[RolloutRecord]) -> None:
+        import mlflow
+
+        from slca_exp.tracking.rollout_traces import write_trace
+
+        if mlflow.get_tracking_uri() != self.uri:
+            mlflow.set_tracking_uri(self.uri)
+        for record in records:
+            write_trace(
+                record,
+                run_id=self.run_id,
+                experiment_id=self.experiment_id,
+                simulator=self.simulator,
+            )
+
+    def _table(self, records: Sequence[RolloutRecord], step: int, split: str) -> None:
+        import mlflow
+
+        if mlflow.get_tracking_uri() != self.uri:
+            mlflow.set_tracking_uri(self.uri)
+        mlflow.log_table(
+            data=table_columns(records),
+            artifact_file=files.artifact_path(split, step, files.TABLE),
+            run_id=self.run_id,
+        )
+
+    def _files(self, records: Sequence[RolloutRecord], step: int, split: str, tmp: Path) -> None:
+        from mlflow import MlflowClient
+
+        client = MlflowClient(self.uri)
+        folder = files.folder(split)
+        path = files.write_records(records, tmp / files.file_name(step, files.RECORDS))
+        client.log_artifact(self.run_id, str(path), folder)
+        if self.html:
+            from slca_exp.tracking.credit_view import render_credit_view
+
+            title = f"{split} step {step}: rollouts and their token advantages"
+            page = tmp / files.file_name(step, files.VIEW)
+            page.write_text(render_credit_view(records, title=title), encoding="utf-8")
+            client.log_artifact(self.run_id, str(page), folder)
+
+    def _guard(self, kind: str, action: Any) -> None:  # noqa: ANN401
+        try:
+            action()
+        except Exception as err:  # noqa: BLE001 - a view on the run must not fail it
+            self.report(kind, f"{type(err).__name__}: {str(err)[:300]}")
+
+    def report(self, kind: str, what: str) -> None:
+        """Say once per kind (``traces``, ``table``, ``records``) that it could not be logged."""
+        if kind in self.warned:
+            return
+        self.warned.add(kind)
+        print(
+            f"slca-exp: rollout {kind} not logged to MLflow run {self.run_id} ({what}); "
+            "training goes on, metrics are unaffected, and this is reported once",
+            file=sys.stderr,
+        )
+
+
+class _ExportFailures(logging.Filter):
+    """MLflow's warnings about traces it could not send, as the rollout log's one report.
+
+    MLflow exports traces in the background and logs a warning for each failure; the first
+    becomes the log's report, the repeats are dropped.
+    """
+
+    LOGGER = "mlflow.tracing.export.mlflow_v3"
+    installed: _ExportFailures | None = None
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.log: RolloutLog | None = None
+
+    @classmethod
+    def watch(cls, log: RolloutLog) -> None:
+        if cls.installed is None:
+            cls.installed = cls()
+            logging.getLogger(cls.LOGGER).addFilter(cls.installed)
+        cls.installed.log = log
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if self.log is None or not message.startswith("Failed to send trace"):
+            return True
+        self.log.report("traces", message[:300])
+        return False
+
+
+def _flush_traces() -> None:
+    import mlflow
+
+    flush = getattr(mlflow, "flush_trace_async_logging", None)
+    if callable(flush):
+        flush()
+
+
+def _num(value: Any) -> float | None:  # noqa: ANN401
+    import math
+
+    if value is None:
+        return None
+    number = float(value)
+    return number if math.isfinite(number) else None

@@ -1,0 +1,197 @@
+"""A rollout record as an MLflow trace linked to its run.
+
+    RolloutRecord -> trace (in the run's experiment, linked to the run: ``search_traces(run_id=)``)
+      root span   AGENT       inputs: the prompt and the row's tools; outputs: the summary;
+                              attributes: the reward parts, the segment advantages, token counts
+      per assistant turn      CHAT_MODEL: its text, token count, segment
+      per tool call           TOOL: inputs name and arguments; outputs the simulator's answer,
+                              the simulator, its status and whether it came from the cache
+      trace tags              step, split, group, sample, rank, algorithm, seed, engine
+
+Every name a trace carries is defined here once (:data:`TAGS`, :data:`ROOT_NUMBERS`, ...): both
+engines' traces carry the same names, and the engine-parity test compares them.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from slca_exp.core.tags import SIMULATOR
+
+if TYPE_CHECKING:
+    from slca_exp.rollouts.record import RolloutRecord
+
+TAG_STEP = "slca.step"
+TAG_SPLIT = "slca.split"
+TAG_GROUP = "slca.group"
+TAG_SAMPLE = "slca.sample"
+TAG_RANK = "slca.rank"
+TAG_ALGORITHM = "slca.algorithm"
+TAG_SEED = "slca.seed"
+TAG_ENGINE = "slca.engine"
+TAGS = (TAG_STEP, TAG_SPLIT, TAG_GROUP, TAG_SAMPLE, TAG_RANK, TAG_ALGORITHM, TAG_SEED, TAG_ENGINE)
+"""Trace tags: what the Traces tab and ``search_traces(filter_string=...)`` filter on."""
+
+ROOT_NUMBERS = (
+    "slca.reward.tool",
+    "slca.reward.tool.format",
+    "slca.reward.tool.name",
+    "slca.reward.tool.key",
+    "slca.reward.tool.value",
+    "slca.reward.tool.parallel",
+    "slca.reward.summary",
+    "slca.reward.rating",
+    "slca.reward.routed_tool",
+    "slca.reward.routed_summary",
+    "slca.reward.total",
+    "slca.adv.tool",
+    "slca.adv.summary",
+    "slca.tokens.tool",
+    "slca.tokens.summary",
+    "slca.tokens.env",
+)
+"""Numbers on the root span (absent when the value is unknown: a failed judge has no rating,
+a validation rollout no advantage, a rollout without a tool segment no tool advantage)."""
+CONDITIONAL = frozenset(
+    {
+        "slca.adv.tool",
+        "slca.adv.summary",
+        "slca.reward.rating",
+        "slca.reward.summary",
+        "slca.reward.routed_summary",
+        "slca.reward.total",
+        "slca.judge.reason",
+        "slca.cached",
+    }
+)
+"""Names a span carries only where the value is known (see :data:`ROOT_NUMBERS`)."""
+ROOT_FLAGS = ("slca.ends_on_tool_call", "slca.should_no_call")
+ROOT_TEXT = ("slca.judge.status", "slca.judge.reason")
+TURN_ATTRIBUTES = ("slca.turn", "slca.segment", "slca.tokens")
+TOOL_ATTRIBUTES = ("slca.turn", SIMULATOR, "slca.status", "slca.cached")
+"""A TOOL span's attributes (the simulator under the run tag's name: ``slca.simulator``)."""
+
+ROOT_SPAN = "AGENT"
+TURN_SPAN = "CHAT_MODEL"
+TOOL_SPAN = "TOOL"
+
+
+def trace_tags(record: RolloutRecord) -> dict[str, str]:
+    """The trace's tags (strings, as MLflow keeps them)."""
+    run = record.run
+    values = (
+        record.step,
+        record.split,
+        record.group,
+        record.sample,
+        record.rank,
+        run.get("algorithm", ""),
+        run.get("seed", ""),
+        run.get("engine", ""),
+    )
+    return {tag: str(value) for tag, value in zip(TAGS, values, strict=True)}
+
+
+def root_attributes(record: RolloutRecord) -> dict[str, Any]:
+    """The root span's numbers, flags and judge status (unknown numbers left out)."""
+    r = record.rewards
+    numbers = (
+        r.tool,
+        *(r.components.get(part) for part in ("format", "name", "key", "value", "parallel")),
+        r.summary,
+        r.rating,
+        r.routed_tool,
+        r.routed_summary,
+        r.total,
+        record.tool_adv,
+        record.summary_adv,
+        record.segment_tokens("tool"),
+        record.segment_tokens("summary"),
+        record.segment_tokens("env"),
+    )
+    out: dict[str, Any] = {}
+    for name, value in zip(ROOT_NUMBERS, numbers, strict=True):
+        number = _finite(value)
+        if number is not None:
+            out[name] = number
+    out[ROOT_FLAGS[0]] = bool(record.ends_on_tool_call)
+    out[ROOT_FLAGS[1]] = bool(r.should_no_call)
+    out[ROOT_TEXT[0]] = r.judge_status
+    if r.judge_reason:
+        out[ROOT_TEXT[1]] = r.judge_reason
+    return out
+
+
+def write_trace(record: RolloutRecord, *, run_id: str, experiment_id: str, simulator: str) -> str:
+    """Write ``record`` as one trace linked to ``run_id``; returns the trace id.
+
+    Uses MLflow's tracking URI of this process (``mlflow.set_tracking_uri``); the caller sets
+    it to the run's store.
+
+    Args:
+        record: the rollout.
+        run_id: the MLflow run the trace is linked to.
+        experiment_id: the run's experiment (where the trace is stored).
+        simulator: the simulator's name, recorded on each TOOL span.
+
+    """
+    import mlflow
+    from mlflow.entities.trace_location import MlflowExperimentLocation
+
+    name = f"{record.split} step {record.step} {record.group}#{record.sample}"
+    with mlflow.start_span(
+        name,
+        span_type=ROOT_SPAN,
+        run_id=run_id,
+        trace_destination=MlflowExperimentLocation(experiment_id),
+    ) as root:
+        root.set_inputs({"prompt": record.prompt, "tools": record.tools})
+        root.set_attributes(root_attributes(record))
+        assistant = -1
+        for turn in record.turns:
+            if turn.role != "assistant":
+                continue
+            assistant += 1
+            with mlflow.start_span(f"assistant turn {assistant + 1}", span_type=TURN_SPAN) as span:
+                span.set_inputs({"turn": assistant + 1})
+                span.set_outputs({"text": turn.text})
+                span.set_attributes(
+                    dict(
+                        zip(
+                            TURN_ATTRIBUTES, (assistant + 1, turn.segment, turn.tokens), strict=True
+                        )
+                    )
+                )
+            for call in (c for c in record.calls if c.turn == assistant):
+                with mlflow.start_span(call.name, span_type=TOOL_SPAN) as span:
+                    span.set_inputs({"name": call.name, "arguments": call.arguments})
+                    answer = call.answer
+                    span.set_outputs(
+                        {
+                            "content": answer.content if answer else None,
+                            "simulator": simulator,
+                            "status": answer.status if answer else None,
+                            "cached": answer.cached if answer else None,
+                        }
+                    )
+                    span.set_attributes(_tool_attributes(call, assistant + 1, simulator))
+        root.set_outputs({"summary": record.summary_text})
+        mlflow.update_current_trace(tags=trace_tags(record))
+        return root.trace_id
+
+
+def _tool_attributes(call: Any, turn: int, simulator: str) -> dict[str, Any]:  # noqa: ANN401
+    """A TOOL span's attributes; ``slca.cached`` only where the engine knows it."""
+    answer = call.answer
+    status = (answer.status if answer else None) or ("unanswered" if answer is None else "")
+    values = (turn, simulator, status or "unknown", None if answer is None else answer.cached)
+    return {k: v for k, v in zip(TOOL_ATTRIBUTES, values, strict=True) if v is not None}
+
+
+def _finite(value: Any) -> float | None:  # noqa: ANN401
+    import math
+
+    if value is None or isinstance(value, bool):
+        return None if value is None else float(value)
+    number = float(value)
+    return number if math.isfinite(number) else None

@@ -1,0 +1,81 @@
+"""What every run's logged rollouts must hold in MLflow, checked the same way for both engines."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import mlflow
+from mlflow import MlflowClient
+
+from slca_exp.rollouts.files import ARTIFACT_DIR
+from slca_exp.tracking.rollout_traces import TAGS
+
+SEGMENT_NUMBERS = (
+    "slca.reward.tool",
+    "slca.reward.total",
+    "slca.tokens.tool",
+    "slca.tokens.summary",
+)
+
+
+def traces_of(client: MlflowClient, run_id: str) -> list:
+    """The run's traces, found the way a user finds them: ``search_traces(run_id=...)``."""
+    experiment = client.get_run(run_id).info.experiment_id
+    previous = mlflow.get_tracking_uri()
+    mlflow.set_tracking_uri(client.tracking_uri)
+    try:
+        return mlflow.search_traces(run_id=run_id, locations=[experiment], return_type="list")
+    finally:
+        mlflow.set_tracking_uri(previous)
+
+
+def signature(traces: list) -> dict[str, set[str]]:
+    """Span type -> the ``slca.*`` attribute names its spans carry; plus the trace tag names."""
+    out: dict[str, set[str]] = {"tags": set()}
+    for trace in traces:
+        out["tags"] |= {t for t in trace.info.tags if t.startswith("slca.")}
+        for span in trace.data.spans:
+            names = {a for a in span.attributes if a.startswith("slca.")}
+            out.setdefault(span.span_type, set()).update(names)
+    return out
+
+
+def check_run_rollouts(client: MlflowClient, run_id: str, into: Path) -> dict[str, list]:
+    """Traces with TOOL and chat spans, segment numbers, step tags; a table; a credit view.
+
+    Returns the run's traces by split.
+    """
+    traces = traces_of(client, run_id)
+    assert traces, f"run {run_id} has no traces"
+    by_split: dict[str, list] = {}
+    for trace in traces:
+        assert set(TAGS) <= set(trace.info.tags), trace.info.tags
+        assert trace.info.trace_metadata["mlflow.sourceRun"] == run_id
+        by_split.setdefault(trace.info.tags["slca.split"], []).append(trace)
+    train = by_split["train"]
+    kinds = {span.span_type for trace in train for span in trace.data.spans}
+    assert {"AGENT", "CHAT_MODEL", "TOOL"} <= kinds, kinds
+    for trace in train:
+        root = trace.data.spans[0]
+        assert int(trace.info.tags["slca.step"]) >= 1
+        for name in SEGMENT_NUMBERS:
+            assert isinstance(root.attributes[name], (int, float)), (name, root.attributes)
+        has_tool = root.attributes["slca.tokens.tool"] > 0
+        assert ("slca.adv.tool" in root.attributes) == has_tool, root.attributes
+        assert isinstance(root.attributes["slca.adv.summary"], float)
+    files = [a.path for a in client.list_artifacts(run_id, f"{ARTIFACT_DIR}/train")]
+    tables = [f for f in files if f.endswith(".json")]
+    views = [f for f in files if f.endswith(".html")]
+    assert tables and views, files
+    table = json.loads(Path(client.download_artifacts(run_id, tables[0], str(into))).read_text())
+    assert {"tool_advantage", "summary_advantage", "tool_reward", "summary_rating"} <= set(
+        table["columns"]
+    ), table["columns"]
+    column = table["columns"].index("summary_advantage")
+    assert any(isinstance(row[column], float) for row in table["data"]), table["data"]
+    logged = json.loads(client.get_run(run_id).data.tags["mlflow.loggedArtifacts"])
+    assert {"path": tables[0], "type": "table"} in logged
+    page = Path(client.download_artifacts(run_id, views[0], str(into))).read_text()
+    assert "<script" not in page and 'id="legend"' in page
+    return by_split
