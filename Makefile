@@ -42,6 +42,7 @@ bench: install
 	$(PY) benchmarks/tracking.py
 	$(PY) benchmarks/engine.py
 	$(PY) benchmarks/verl_cpu.py
+	$(PY) benchmarks/rollout_cost.py --verl
 
 # Needs a SLURM (`sudo .ci/slurm-up` starts a one-node cluster here): a 16-job sweep, command to queued.
 bench-slurm: install

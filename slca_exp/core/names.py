@@ -39,6 +39,7 @@ TRAIN_GRAD_NORM: Final = "train/grad_norm"
 TRAIN_LR: Final = "train/lr"
 PERF_STEP_S: Final = "perf/step_s"
 PERF_TOKENS_PER_S: Final = "perf/tokens_per_s"
+PERF_ROLLOUT_LOG_S: Final = "perf/time/rollout_log"
 TRAIN_GRAD_COS: Final = "train/grad_cos"
 TRAIN_SKIPPED_STEPS: Final = "train/skipped_steps"
 SEGMENT_CUTOFF_FRAC: Final = "segment/cutoff_frac"
@@ -164,6 +165,10 @@ def _catalogue() -> dict[str, str]:
             ),
             PERF_STEP_S: "wall-clock seconds per training step",
             PERF_TOKENS_PER_S: "response tokens processed per second",
+            PERF_ROLLOUT_LOG_S: (
+                "seconds spent logging a logged step's rollouts (traces, table, credit view; "
+                "tracking.rollouts), at the steps that log them; not in perf/step_s"
+            ),
             VAL_SUCCESS: "fraction of validation rows whose normalised total score is >= 0.9",
         }
     )

@@ -269,6 +269,11 @@ class MlflowTracker:
         from slca_exp.rollouts.record import RolloutRecord as Record
 
         assert self.client is not None and self.run_id is not None, "start() first"
+        if self.spool is not None and len(self.spool):
+            # the server is away (metrics are being spooled): do not hold the step on it
+            if self._rollouts is not None:
+                self._rollouts.report("records", "MLflow is not answering; steps skipped")
+            return
         if self._rollouts is None:
             from slca_exp.tracking.rollout_log import RolloutLog
 

@@ -13,10 +13,11 @@ from slca_exp.tracking.rollout_traces import TAGS
 
 SEGMENT_NUMBERS = (
     "slca.reward.tool",
-    "slca.reward.total",
+    "slca.reward.routed_tool",
     "slca.tokens.tool",
     "slca.tokens.summary",
 )
+"""Numbers every train rollout's root span carries (the summary's need a judge that answered)."""
 
 
 def traces_of(client: MlflowClient, run_id: str) -> list:
@@ -61,6 +62,11 @@ def check_run_rollouts(client: MlflowClient, run_id: str, into: Path) -> dict[st
         assert int(trace.info.tags["slca.step"]) >= 1
         for name in SEGMENT_NUMBERS:
             assert isinstance(root.attributes[name], (int, float)), (name, root.attributes)
+        judged = root.attributes["slca.judge.status"] != "failed"
+        assert ("slca.reward.total" in root.attributes) == judged, root.attributes
+        assert ("slca.reward.rating" in root.attributes) == (
+            root.attributes["slca.judge.status"] == "ok"
+        ), root.attributes
         has_tool = root.attributes["slca.tokens.tool"] > 0
         assert ("slca.adv.tool" in root.attributes) == has_tool, root.attributes
         assert isinstance(root.attributes["slca.adv.summary"], float)

@@ -308,6 +308,8 @@ class _LocalRun:
         log = getattr(self.tracker, "log_rollouts", None)
         if log is None:
             return
+        started = time.perf_counter()
+        cost = names.PERF_ROLLOUT_LOG_S
         settings = self.cfg.tracking.rollouts
         records = logged_rollouts(
             view,
@@ -322,6 +324,8 @@ class _LocalRun:
             split=split,
         )
         log(records, step, split)
+        seconds = time.perf_counter() - started
+        self.tracker.log_metrics({names.val(cost) if split == "val" else cost: seconds}, step)
 
     def _record_policy(self) -> None:
         """Save the trained policy as an HF folder and record it as the run's model.

@@ -33,6 +33,7 @@ attached to is ended with the status the driver gives it (never FINISHED by a ki
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -42,6 +43,7 @@ import torch
 from omegaconf import OmegaConf
 from verl.trainer.ppo.v1 import PPOTrainerSync, get_trainer_cls, register_trainer
 
+from slca_exp.core import names
 from slca_exp.engines.verl.estimators import NAMES, advantage_stats, mask_rule, segment_call
 from slca_exp.engines.verl.keys import OUR_KEY
 from slca_exp.engines.verl.rewards import (
@@ -245,7 +247,9 @@ class SLCATrainer(PPOTrainerSync):
             dump_batch(batch, infos, Path(folder) / f"step_{self.global_steps}.pt")
         settings = self._rollout_settings()
         if settings and due(self.global_steps, int(settings["every"])):
+            started = time.perf_counter()
             self._log_rollouts("train", [batch], no_summary, int(settings["per_step"]))
+            metrics[names.PERF_ROLLOUT_LOG_S] = time.perf_counter() - started
         return batch
 
     # -- logged rollouts (tracking.rollouts) --------------------------------------------------

@@ -333,11 +333,13 @@ def flipped_run(verl_run, tool_caller, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def local_run(flipped_run, tool_caller, tmp_path_factory):
+def local_run(verl_run, flipped_run, tool_caller, tmp_path_factory):
     """The shared run's recipe on the local engine: one RL step, after the verl runs.
 
-    The five components are the shared run's (the ``tool_caller`` backbone, the reward, the
-    loopback judge and simulator, the split); only the engine and its sizes differ.
+    The components are the shared run's (the reward, the loopback judge and simulator, the
+    split) and its RL stage's weights (verl's SFT of ``tool_caller``); the engine and its sizes
+    differ, and a lower temperature than verl's 1.0 so that the logged rollouts (each of four
+    groups' best and worst) make well-formed tool calls: at 1.0 the first try's four had none.
     """
     work = tmp_path_factory.mktemp("local-same-recipe")
     kept = [a for a in recipe_args(tool_caller, STEPS, SAVE_EVERY) if not a.startswith("engine.")]
@@ -345,11 +347,13 @@ def local_run(flipped_run, tool_caller, tmp_path_factory):
         *("experiment=smoke" if a == "experiment=verl_smoke" else a for a in kept),
         "engine=local",
         "engine.sft.enabled=false",
+        f"backbone.path={sft_weights(verl_run)}",
         "engine.rl.steps=1",
-        "engine.rollout.prompts_per_step=2",
-        "engine.rollout.max_turn_tokens=64",
-        "engine.rollout.max_response_tokens=256",
-        f"engine.rollout.temperature={TEMPERATURE}",
+        "engine.rollout.prompts_per_step=4",
+        "engine.rollout.max_turn_tokens=96",
+        "engine.rollout.max_response_tokens=320",
+        "engine.rollout.temperature=0.7",
+        "tracking.rollouts.per_step=8",
         "engine.val_rows=2",
         "engine.progress=false",
         f"tracking.root={work / 'out'}",

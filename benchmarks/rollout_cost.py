@@ -1,0 +1,205 @@
+"""What logging rollouts costs, and what slca-exp's layer over verl costs, side by side.
+
+1. Rollout logging on the local engine, the smoke recipe (``experiment=smoke``: its SFT, then
+   RL): one run logs every step's rollouts (``tracking.rollouts.every=1``), one logs none
+   (``every=0``). Each logged step records how long its logging took
+   (``perf/time/rollout_log``), so the cost at the defaults (``every=10``: step 1 and every
+   10th) is that time over ten steps' time, without run-to-run noise. The bytes each logged
+   step adds to the store (artifacts and traces) give the MB per 1000 steps.
+2. With ``--verl``: the verl engine on ``experiment=verl_smoke``'s recipe (cpu backend), an
+   ``slca_grpo`` run with the default rollout logging against a ``grpo`` run with rollout
+   logging off, one after the other in this command, each RL step's time by phase (verl's own
+   ``timing_s/*``). Both runs go through slca-exp's reward manager and trainer class (a grpo run
+   of verl's own reward function would need one written for these rows); the difference is
+   the estimator's segment split, our per-segment metrics and the rollout logging.
+
+    python benchmarks/rollout_cost.py [--rl-steps 20] [--sft-steps 400] [--verl] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from slca_exp.core import names  # noqa: E402
+
+DEFAULT_EVERY = 10
+"""``tracking.rollouts.every``'s default: what the cost is reported for."""
+GOAL_LOGGING = 0.03
+GOAL_LAYER = 0.05
+
+
+def slca_train(args: list[str], cwd: Path, log: Path) -> None:
+    """``slca-exp train ARGS`` in a subprocess; its output in ``log``."""
+    exe = str(Path(sys.executable).parent / "slca-exp")
+    env = {k: v for k, v in os.environ.items() if k not in ("MLFLOW_TRACKING_URI", "RAY_ADDRESS")}
+    with log.open("w") as out:
+        res = subprocess.run([exe, "train", *args], cwd=cwd, env=env, stdout=out, stderr=out)
+    if res.returncode != 0:
+        raise SystemExit(f"slca-exp train failed ({res.returncode}):\n{log.read_text()[-4000:]}")
+
+
+def only_run(uri: str, experiment: str):  # noqa: ANN201 - an mlflow Run
+    from mlflow import MlflowClient
+
+    client = MlflowClient(uri)
+    found = client.get_experiment_by_name(experiment)
+    runs = [r for r in client.search_runs([found.experiment_id]) if "slca.stage" not in r.data.tags]
+    if len(runs) != 1:
+        raise SystemExit(f"expected one run in {experiment!r}, found {len(runs)}")
+    return client, runs[0]
+
+
+def history(client, run_id: str, name: str) -> dict[int, float]:  # noqa: ANN001
+    return {m.step: m.value for m in client.get_metric_history(run_id, name)}
+
+
+def stored_bytes(client, run, root: Path) -> tuple[int, int, int]:  # noqa: ANN001
+    """(rollout artifact bytes, trace bytes, logged train steps) of a run."""
+    import mlflow
+
+    artifacts = Path(run.info.artifact_uri.removeprefix("file://")) / "rollouts"
+    files = sum(p.stat().st_size for p in artifacts.rglob("*") if p.is_file())
+    mlflow.set_tracking_uri(client.tracking_uri)
+    traces = mlflow.search_traces(
+        run_id=run.info.run_id, locations=[run.info.experiment_id], return_type="list"
+    )
+    trace_bytes = sum(int(t.info.trace_metadata.get("mlflow.trace.sizeBytes", 0)) for t in traces)
+    steps = len(list((artifacts / "train").glob("*.jsonl")))
+    return files, trace_bytes, steps
+
+
+def local_cost(args: argparse.Namespace, root: Path) -> dict[str, float]:
+    """Part 1: the smoke recipe with every step logged, and with nothing logged."""
+    common = [
+        "experiment=smoke",
+        f"engine.sft.steps={args.sft_steps}",
+        f"engine.rl.steps={args.rl_steps}",
+        f"data.rows={args.rows}",
+        "engine.progress=false",
+        "tracking.plots=false",
+        f"tracking.rollouts.per_step={args.per_step}",
+        f"tracking.root={root}",
+    ]
+    uri = f"sqlite:///{root / 'mlflow.db'}"
+    runs = {}
+    for label, every in (("off", 0), ("every step", 1)):
+        name = f"rollout-cost-{every}"
+        log = root / f"local-{every}.log"
+        slca_train(
+            [*common, f"tracking.rollouts.every={every}", f"experiment_name={name}"], root, log
+        )
+        runs[label] = only_run(uri, name)
+    client, logged = runs["every step"]
+    _, quiet = runs["off"]
+    step_s = history(client, logged.info.run_id, names.PERF_STEP_S)
+    log_s = history(client, logged.info.run_id, names.PERF_ROLLOUT_LOG_S)
+    quiet_s = history(client, quiet.info.run_id, names.PERF_STEP_S)
+    val_s = history(client, logged.info.run_id, names.val(names.PERF_ROLLOUT_LOG_S))
+    later = [s for s in step_s if s > 1]  # step 1 warms up
+    step = statistics.median(step_s[s] for s in later)
+    logging = statistics.median(log_s[s] for s in later)
+    files, traces, steps = stored_bytes(client, logged, root)
+    per_step = (files + traces) / max(steps + len(val_s), 1)
+    logged_per_1000 = 1000 // DEFAULT_EVERY + 1
+    cost = logging * logged_per_1000 / (1000 * step)
+    print("\n1. rollout logging, local engine, smoke recipe")
+    print(f"   RL step (median of steps 2-{args.rl_steps}): {step * 1e3:8.1f} ms logged every "
+          f"step, {statistics.median(quiet_s[s] for s in later) * 1e3:8.1f} ms with every=0 "
+          "(perf/step_s, logging excluded)")  # fmt: skip
+    val_ms = statistics.median(val_s.values()) * 1e3 if val_s else float("nan")
+    print(f"   logging one step's {args.per_step} rollouts:  {logging * 1e3:8.1f} ms (median "
+          f"perf/time/rollout_log); a validation's: {val_ms:.1f} ms")  # fmt: skip
+    print(f"   at the defaults (every={DEFAULT_EVERY}: {logged_per_1000} logged steps per 1000):"
+          f" {cost * 100:.2f} % of the step time (goal <= {GOAL_LOGGING * 100:.0f} %)")  # fmt: skip
+    print(f"   stored per logged step: {files / max(steps + len(val_s), 1) / 1e3:.1f} kB of "
+          f"artifacts + {traces / max(steps + len(val_s), 1) / 1e3:.1f} kB of traces; "
+          f"{per_step * logged_per_1000 / 1e6:.1f} MB per 1000 steps at the defaults "
+          "(validations add one logged step each)")  # fmt: skip
+    return {"cost": cost, "mb_per_1000": per_step * logged_per_1000 / 1e6}
+
+
+def verl_layer(args: argparse.Namespace, root: Path) -> None:
+    """Part 2: slca_grpo with rollout logging against grpo without, on verl (cpu backend)."""
+    import verl_cpu
+
+    sft = argparse.Namespace(steps=args.verl_sft_steps, batch_size=8, lr=5e-3)
+    policy, _, _ = verl_cpu.build_policy(root, sft)
+    env = verl_cpu.thread_env(1)
+    uri = f"sqlite:///{root / 'mlflow.db'}"
+    times = {}
+    for algorithm, every in (("slca_grpo", DEFAULT_EVERY), ("grpo", 0)):
+        name = f"layer-{algorithm}"
+        launched = time.time()
+        verl_cpu.train(
+            [
+                *verl_cpu.common_overrides(root, policy, name),
+                *verl_cpu.verl_overrides(args.verl_steps, 0.1, 1),
+                f"algorithm.name={algorithm}",
+                f"tracking.rollouts.every={every}",
+            ],
+            root,
+            name,
+            env,
+        )
+        times[algorithm] = verl_cpu.RunTimes(uri, name, launched, time.time(), os.getloadavg()[:2])
+    ours, stock = times["slca_grpo"], times["grpo"]
+    print("\n2. slca-exp's layer over verl: slca_grpo (rollouts logged) vs grpo (none), per "
+          "RL step, ms (median of steps 2..)")  # fmt: skip
+    print(f"   {'phase':<14} {'slca_grpo':>10} {'grpo':>10} {'ratio':>7}")
+    for label, metric in (
+        ("generation", "timing_s/gen"),
+        ("old log-prob", "timing_s/old_log_prob"),
+        ("advantage", "timing_s/adv"),
+        ("update", "timing_s/update_actor"),
+        ("step", "timing_s/step"),
+    ):
+        a, b = ours.values([metric]), stock.values([metric])
+        if not a or not b:
+            continue
+        ma, mb = statistics.median(a[1:] or a), statistics.median(b[1:] or b)
+        flag = "  over the goal" if label == "step" and ma > mb * (1 + GOAL_LAYER) else ""
+        print(f"   {label:<14} {ma * 1e3:10.1f} {mb * 1e3:10.1f} {ma / mb:6.2f}x{flag}")
+    logged = ours.history(names.PERF_ROLLOUT_LOG_S)
+    if logged:
+        print(f"   rollout logging at step {logged[0][0]}: {logged[0][1] * 1e3:.1f} ms "
+              f"(every {DEFAULT_EVERY} steps)")  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rl-steps", type=int, default=20)
+    parser.add_argument("--sft-steps", type=int, default=400, help="the smoke recipe's SFT")
+    parser.add_argument("--rows", type=int, default=256)
+    parser.add_argument("--per-step", type=int, default=4, help="tracking.rollouts.per_step")
+    parser.add_argument("--verl", action="store_true", help="also part 2 (verl, minutes)")
+    parser.add_argument("--verl-steps", type=int, default=6)
+    parser.add_argument("--verl-sft-steps", type=int, default=80)
+    parser.add_argument("--quick", action="store_true", help="a few steps: that it runs")
+    parser.add_argument("--json", type=Path, help="also write part 1's figures here")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.rl_steps, args.sft_steps, args.rows = 3, 20, 32
+        args.verl_steps, args.verl_sft_steps = 2, 10
+    with tempfile.TemporaryDirectory(prefix="slca-rollout-cost-") as tmp:
+        figures = local_cost(args, Path(tmp))
+        if args.json:
+            args.json.write_text(json.dumps(figures))
+        if args.verl:
+            verl_layer(args, Path(tmp))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
