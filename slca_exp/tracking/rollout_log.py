@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 import tempfile
 from collections.abc import Sequence
@@ -106,12 +107,9 @@ class RolloutLog:
     # --- parts -----------------------------------------------------------------------------
 
     def _traces(self, records: Sequence[RolloutRecord]) -> None:
-        import mlflow
-
         from slca_exp.tracking.rollout_traces import write_trace
 
-        if mlflow.get_tracking_uri() != self.uri:
-            mlflow.set_tracking_uri(self.uri)
+        _use_store(self.uri)
         for record in records:
             write_trace(
                 record,
@@ -123,8 +121,7 @@ class RolloutLog:
     def _table(self, records: Sequence[RolloutRecord], step: int, split: str) -> None:
         import mlflow
 
-        if mlflow.get_tracking_uri() != self.uri:
-            mlflow.set_tracking_uri(self.uri)
+        _use_store(self.uri)
         mlflow.log_table(
             data=table_columns(records),
             artifact_file=files.artifact_path(split, step, files.TABLE),
@@ -191,6 +188,27 @@ class _ExportFailures(logging.Filter):
             return True
         self.log.report("traces", message[:300])
         return False
+
+
+def _use_store(uri: str) -> None:
+    """Point MLflow's fluent API (traces, ``log_table``) of this process at ``uri``.
+
+    MLflow also exports the URI as ``MLFLOW_TRACKING_URI``; that is put back as it was, so the
+    run's child processes and slca-exp's default store (``tracking/uris.py``) are unchanged.
+    """
+    import mlflow
+
+    if mlflow.get_tracking_uri() == uri:
+        return
+    exported = os.environ.get(_URI_ENV)
+    mlflow.set_tracking_uri(uri)
+    if exported is None:
+        os.environ.pop(_URI_ENV, None)
+    else:
+        os.environ[_URI_ENV] = exported
+
+
+_URI_ENV = "MLFLOW_TRACKING_URI"
 
 
 def _flush_traces() -> None:
