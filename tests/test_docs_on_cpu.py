@@ -164,10 +164,20 @@ def test_the_readme_links_every_file_in_docs():
     linked = {
         at(README, target.split("#")[0]) for target in LINK.findall(prose(README.read_text()))
     }
-    files = {p for p in DOCS.rglob("*") if p.is_file()}
+    files = {p for p in DOCS.rglob("*.md")}
     unlinked = sorted(str(p.relative_to(ROOT)) for p in files - linked)
     assert len(files) >= 10
     assert not unlinked, f"README.md's map of docs/ misses {unlinked}"
+
+
+def test_every_image_in_docs_is_shown_by_a_page():
+    shown = {
+        at(page, target.split("#")[0])
+        for page in PAGES
+        for target in LINK.findall(prose(page.read_text()))
+    }
+    images = {p for p in DOCS.rglob("*") if p.is_file() and p.suffix != ".md"}
+    assert not sorted(str(p.relative_to(ROOT)) for p in images - shown)
 
 
 def test_every_relative_link_resolves_inside_the_repository():

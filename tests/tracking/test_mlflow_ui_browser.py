@@ -10,15 +10,21 @@ import signal
 import socket
 import subprocess
 import time
+import urllib.parse
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+import mlflow
 import pytest
 from mlflow import MlflowClient
+from playwright.sync_api import expect
 
 from slca_exp.core.tags import EXPERIMENT_KIND
 from slca_exp.tracking import lineage
+from slca_exp.tracking.rollout_log import RolloutLog
+from tests.rollouts.checks import traces_of
+from tests.rollouts.samples import step_records
 from tests.tracking.sweeps import SLCA_EXE, run_train, shared_sweep
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -42,6 +48,21 @@ ROUTING_S = 3.0
 VIEW_KEY = "mlflow.workflowType_v1"
 """Where MLflow's UI keeps the browser's last view choice (localStorage)."""
 SWEEP_TAGS = ("slca.sweep", "slca.swept.algorithm", "slca.swept.reward.tool_weights.parallel")
+DOCS_VIEWPORT = {"width": 1280, "height": 800}
+"""The rollout pages' viewport: their screenshots are the ones ``docs/images/`` shows."""
+NO_ASSISTANT = """if (location.protocol === "http:") {  // not in the credit view's blob: frame
+    localStorage.setItem("mlflow.assistant.fab.autoOpenedOnFirstLoad_v1", "true");
+    localStorage.setItem("mlflow.assistant.panelOpen_v1", "false");
+}"""
+"""MLflow 3.17 opens its assistant panel on a browser's first visit, over a third of the page."""
+WAIT_MS = 45_000
+COLOURS = """els => els.map(e => ({
+    adv: e.dataset.adv === undefined ? null : Number(e.dataset.adv),
+    style: e.getAttribute("style"),
+    background: getComputedStyle(e).backgroundColor,
+}))"""
+"""Each matched token's advantage, inline style and computed background colour."""
+NEUTRAL = ("rgba(0, 0, 0, 0)", "transparent", "rgb(255, 255, 255)")
 
 pytestmark = pytest.mark.browser
 
@@ -154,6 +175,81 @@ def page(browser):
     return browser.new_page(viewport={"width": 1600, "height": 1000})
 
 
+@dataclass
+class Rollouts:
+    """Step 10 of one run's logged rollouts (train and val), written through the server."""
+
+    run_id: str
+    experiment_id: str
+    records: list
+    traces: dict[str, str]
+    """Trace name (``<split> step <N> <group>#<sample>``) -> trace id."""
+
+
+@pytest.fixture(scope="module")
+def rollouts(sweep, server):
+    """The re-run job's step 10 logged by ``RolloutLog`` on the server's URI, as a run does."""
+    run = next(c for c in sweep.children if c.info.run_id == sweep.reseeded)
+    run_id, experiment = run.info.run_id, run.info.experiment_id
+    records = [*step_records(step=10), *step_records(step=10, split="val")]
+    log = RolloutLog(server, run_id, experiment, simulator="replay")
+    start = time.monotonic()
+    try:
+        log.log(records[:4], 10, "train")
+        log.log(records[4:], 10, "val")
+        log.flush()
+    finally:
+        mlflow.set_tracking_uri(None)  # RolloutLog sets this process's URI
+    print(f"rollouts logged through the server in {time.monotonic() - start:.1f}s")
+    assert log.warned == set()
+    traces = {}
+    for trace in traces_of(MlflowClient(server), run_id):
+        root = next(s for s in trace.data.spans if s.parent_id is None)
+        traces[root.name] = trace.info.trace_id
+    names = {f"{r.split} step {r.step} {r.group}#{r.sample}" for r in records}
+    assert set(traces) == names and len(names) == len(records) == 7
+    artifacts = {f.path for f in MlflowClient(server).list_artifacts(run_id, "rollouts/train")}
+    assert "rollouts/train/step_000010.html" in artifacts
+    return Rollouts(run_id, experiment, records, traces)
+
+
+@pytest.fixture
+def tab(browser, server):
+    """A page of its own (the docs' viewport, no assistant panel), every request kept:
+    (page, requests to anything but the server, all of which are refused)."""
+    context = browser.new_context(viewport=DOCS_VIEWPORT)
+    context.add_init_script(NO_ASSISTANT)
+    refused: list[str] = []
+
+    def local_only(route):
+        if route.request.url.startswith(f"{server}/"):
+            route.continue_()
+        else:
+            refused.append(route.request.url)
+            route.abort()
+
+    context.route("**/*", local_only)
+    try:
+        yield context.new_page(), refused
+    finally:
+        context.close()
+
+
+def rgb(colour: str) -> tuple[int, int, int]:
+    found = re.fullmatch(r"rgba?\((\d+), (\d+), (\d+)(?:, [\d.]+)?\)", colour)
+    assert found, colour
+    return int(found.group(1)), int(found.group(2)), int(found.group(3))
+
+
+def filter_span_type(page, kind: str) -> None:
+    """Toggle one span type in the trace's span tree (its settings menu, Filter by span type)."""
+    page.locator('[data-component-id="shared.model-trace-explorer.settings-button"]').click()
+    page.get_by_role("menuitem", name="Filter by span type").hover()
+    page.get_by_role("menuitemcheckbox", name=kind, exact=True).click()
+    page.keyboard.press("Escape")  # closes the menu and its submenu, not the trace
+    expect(page.get_by_role("menu")).to_have_count(0)
+
+
 def hash_of(page) -> str:
     """The page's location hash (``page.url`` lags behind the UI's own history changes)."""
     return page.evaluate("location.hash")
@@ -180,10 +276,10 @@ def open_anew(page, url: str) -> None:
     page.goto(url)
 
 
-def shot(page, name: str) -> Path:
+def shot(page, name: str, *, full_page: bool = True) -> Path:
     path = ARTIFACTS / "browser" / name
     path.parent.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(path), full_page=True)
+    page.screenshot(path=str(path), full_page=full_page)
     print(f"screenshot: {path}")
     return path
 
@@ -321,6 +417,114 @@ def test_each_experiment_opens_in_the_view_its_kind_tag_names(sweep, server, bro
         shot(page, "view-genai.png")
     finally:
         context.close()
+
+
+def test_the_runs_traces_tab_lists_its_rollouts_and_shows_a_tool_span(server, rollouts, tab):
+    page, refused = tab
+    start = time.monotonic()
+    base = f"{server}/#/experiments/{rollouts.experiment_id}/runs/{rollouts.run_id}"
+    page.goto(f"{base}?{TRAINING}")
+    traces_tab = page.get_by_role("tab", name="Traces", exact=True)
+    traces_tab.click(timeout=WAIT_MS)
+    # The tab's own route (``.../traces`` shows the same table, with no tab selected).
+    wait_for_hash(
+        page, rf"^#/experiments/{rollouts.experiment_id}/runs/{rollouts.run_id}/evaluations"
+    )
+    expect(traces_tab).to_have_attribute("aria-selected", "true")
+    table = page.locator('[role="row"]')
+    for trace_id in rollouts.traces.values():  # every logged rollout, by its id
+        expect(page.get_by_title(trace_id, exact=True)).to_be_visible(timeout=WAIT_MS)
+    # Trace names are a column the table hides at first: shown from its Columns menu.
+    page.get_by_role("button", name=re.compile(r"^Columns")).click()  # "Columns 5/24"
+    page.get_by_role("option", name="Trace name", exact=True).click()
+    page.get_by_role("option", name="Request", exact=True).click()  # one prompt, every row
+    page.keyboard.press("Escape")
+    for name in rollouts.traces:
+        expect(table.filter(has_text=name)).to_have_count(1, timeout=15_000)
+    listed = time.monotonic() - start
+    assert shot(page, "run_traces.png", full_page=False).stat().st_size > 10_000
+
+    name = "train step 10 train-3#2"
+    page.get_by_text(name, exact=True).click()
+    wait_for_hash(page, rf"selectedEvaluationId={rollouts.traces[name]}")
+    trace = page.get_by_role("dialog")
+    nodes = page.locator('[data-testid^="timeline-tree-node-"]')  # the trace's span tree
+    tool = nodes.filter(has_text="get_weather")
+    expect(tool).to_have_count(1, timeout=WAIT_MS)
+    expect(nodes).to_have_count(4)  # AGENT, CHAT_MODEL, TOOL, CHAT_MODEL
+    # Its type: the span tree's type filter drops it with the Tool type, and only it.
+    filter_span_type(page, "Tool")
+    expect(tool).to_have_count(0)
+    expect(nodes).to_have_count(3)
+    filter_span_type(page, "Tool")
+    expect(tool).to_have_count(1)
+    tool.click()
+    # Its inputs (the call) and outputs (the simulator's answer), in the span's own pane.
+    pane = trace.get_by_role("tabpanel", name="Inputs / Outputs")
+    expect(pane.get_by_text("get_weather", exact=True)).to_be_visible(timeout=15_000)
+    for shown in ("city: Paris", '{"temp": 21}', "replay", "ok"):
+        expect(pane.get_by_text(shown, exact=True)).to_be_visible()
+    print(f"traces listed in {listed:.1f}s, TOOL span shown in {time.monotonic() - start:.1f}s")
+    assert shot(page, "trace_tool_span.png", full_page=False).stat().st_size > 10_000
+    assert refused == []
+
+
+def test_a_logged_credit_view_opens_from_the_run_with_its_legend_and_shaded_segments(
+    server, rollouts, tab
+):
+    page, refused = tab
+    start = time.monotonic()
+    base = f"{server}/#/experiments/{rollouts.experiment_id}/runs/{rollouts.run_id}"
+    page.goto(f"{base}/artifacts?{TRAINING}")
+    for folder in ("rollouts", "train"):  # the artifact tree's folders, unfolded
+        entry = page.get_by_text(folder, exact=True).first
+        entry.wait_for(timeout=WAIT_MS)
+        entry.click()
+    path = "rollouts/train/step_000010.html"
+    artifact = f"/get-artifact?path={urllib.parse.quote(path, safe='')}&run_uuid={rollouts.run_id}"
+    with page.expect_response(f"{server}{artifact}", timeout=WAIT_MS) as fetched:
+        page.get_by_text("step_000010.html", exact=True).click()
+    assert fetched.value.ok and fetched.value.headers["content-type"].startswith("text/html")
+    # The UI shows an HTML artifact in a sandboxed frame of its own (a blob: URL).
+    frame_element = page.locator("iframe").first
+    frame_element.wait_for(timeout=WAIT_MS)
+    view = frame_element.element_handle().content_frame()
+    view.wait_for_selector("#legend", timeout=WAIT_MS)
+    assert view.url.startswith("blob:") and view.title() == (
+        "train step 10: rollouts and their token advantages"
+    )
+    assert view.locator("section.rollout").count() == 4
+
+    legend = view.locator("#legend")
+    expect(legend).to_be_visible()
+    expect(legend.locator(".scale-min")).to_have_text("-1.1")
+    expect(legend.locator(".scale-max")).to_have_text("+1.1")
+    expect(legend.locator(".scale-bar")).to_be_visible()
+    for key in ("tool segment", "summary segment", "no advantage"):
+        expect(legend).to_contain_text(key)
+    shaded = []
+    for seg in ("tool", "summary"):
+        tokens = view.eval_on_selector_all(f".rollout .tok.seg-{seg}[data-adv]", COLOURS)
+        nonzero = [t for t in tokens if t["adv"] != 0]
+        assert nonzero, seg
+        for token in nonzero:
+            assert "background:#" in token["style"], token
+            assert token["background"] not in NEUTRAL, token
+            r, _, b = rgb(token["background"])
+            assert (r > b) == (token["adv"] > 0) and r != b, token  # red positive, blue negative
+        shaded += nonzero
+    positive = {t["background"] for t in shaded if t["adv"] > 0}
+    negative = {t["background"] for t in shaded if t["adv"] < 0}
+    assert positive and negative and not positive & negative
+    env = view.eval_on_selector_all(".rollout .tok.seg-env", COLOURS)
+    assert env
+    for token in env:
+        assert token["adv"] is None and token["style"] is None, token
+        r, g, b = rgb(token["background"])
+        assert r == g == b, token  # grey, no hue
+    print(f"credit view opened from the run's artifacts in {time.monotonic() - start:.1f}s")
+    assert shot(page, "credit_view_from_mlflow.png", full_page=False).stat().st_size > 10_000
+    assert refused == []
 
 
 def test_the_ui_page_carries_the_routing_script_and_sigterm_stops_the_server(ui):
