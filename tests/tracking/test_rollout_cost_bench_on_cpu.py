@@ -34,6 +34,6 @@ def test_the_rollout_cost_benchmark_reports_the_cost_and_the_store_size(tmp_path
     figures = json.loads(out.read_text())
     assert math.isfinite(figures["cost"]) and figures["cost"] > 0
     assert math.isfinite(figures["mb_per_1000"]) and figures["mb_per_1000"] > 0
-    assert "% of the step time (goal <= 3 %)" in res.stdout
+    assert "% of the every=0 step (goal <= 3 %)" in res.stdout
     assert "MB per 1000 steps at the defaults" in res.stdout
     print(res.stdout)

@@ -117,6 +117,7 @@ class _LocalRun:
         self.folder = run_dir(config)
         self.state = resumable(config) or RunState()
         self.device = _device(config.engine.device)
+        self._rollouts_warned = False
 
     def execute(self) -> RunResult:
         from transformers.utils import logging as hf_logging
@@ -311,18 +312,28 @@ class _LocalRun:
         started = time.perf_counter()
         cost = names.PERF_ROLLOUT_LOG_S
         settings = self.cfg.tracking.rollouts
-        records = logged_rollouts(
-            view,
-            per_step=settings.val if split == "val" else settings.per_step,
-            decode=self.tok.decode,
-            run={
-                "algorithm": self.cfg.algorithm.name,
-                "seed": self.cfg.seed,
-                "engine": self.cfg.engine.name,
-            },
-            step=step,
-            split=split,
-        )
+        try:
+            records = logged_rollouts(
+                view,
+                per_step=settings.val if split == "val" else settings.per_step,
+                decode=self.tok.decode,
+                run={
+                    "algorithm": self.cfg.algorithm.name,
+                    "seed": self.cfg.seed,
+                    "engine": self.cfg.engine.name,
+                },
+                step=step,
+                split=split,
+            )
+        except Exception as err:  # noqa: BLE001 - a view on the run must not fail it
+            if not self._rollouts_warned:
+                self._rollouts_warned = True
+                print(
+                    f"slca-exp: rollouts of {split} step {step} not logged ({type(err).__name__}: "
+                    f"{err}); training goes on, and this is reported once",
+                    file=sys.stderr,
+                )
+            return
         log(records, step, split)
         seconds = time.perf_counter() - started
         self.tracker.log_metrics({names.val(cost) if split == "val" else cost: seconds}, step)
