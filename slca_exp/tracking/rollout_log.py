@@ -175,11 +175,17 @@ class _ExportFailures(logging.Filter):
         super().__init__()
         self.log: RolloutLog | None = None
 
+    QUEUE = "mlflow.tracing.export.async_export_queue"
+    """Its INFO line at exit ("Flushing the async trace logging queue") would end every run's
+    output; the run's own closing lines come last instead (warnings still show)."""
+
     @classmethod
     def watch(cls, log: RolloutLog) -> None:
         if cls.installed is None:
             cls.installed = cls()
             logging.getLogger(cls.LOGGER).addFilter(cls.installed)
+            queue = logging.getLogger(cls.QUEUE)
+            queue.setLevel(max(queue.getEffectiveLevel(), logging.WARNING))
         cls.installed.log = log
 
     def filter(self, record: logging.LogRecord) -> bool:

@@ -197,13 +197,14 @@ def _rows(data: Any, n: int) -> list[dict[str, Any]]:  # noqa: ANN401
         except KeyError:
             continue
         columns[name] = _as_list(values)
-    rows = []
-    for i in range(n):
-        row = {key: _plain(values[i]) for key, values in columns.items()}
-        if "raw_prompt" in row:
-            row["prompt"] = row.pop("raw_prompt")
-        rows.append(row)
-    return rows
+    # verl keeps the dataset's prompt as ``raw_prompt``; the row layout calls it ``prompt``
+    renamed = {key: _ROW_NAMES.get(key, key) for key in columns}
+    return [
+        {renamed[key]: _plain(values[i]) for key, values in columns.items()} for i in range(n)
+    ]
+
+
+_ROW_NAMES = {"raw_prompt": "prompt"}
 
 
 def _as_list(values: Any) -> list[Any]:  # noqa: ANN401
