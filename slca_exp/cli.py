@@ -32,8 +32,9 @@ from __future__ import annotations
 import contextlib
 import functools
 import io
+import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -189,6 +190,8 @@ class _Command:
     """The launcher hands the jobs to submitit: every run is a sweep (``-m``)."""
     problems: list[Problem] = field(default_factory=list)
     """The launcher's and the study's problems."""
+    study: str | None = None
+    """The ready study (``sweep=<name>``) the command line unfolded, if any."""
 
 
 def _command(rest: list[str]) -> _Command:
@@ -206,6 +209,7 @@ def _command(rest: list[str]) -> _Command:
         rest = flags + unfolded.overrides
         args = _parse(rest)
     command = _Command(args, rest, f"launcher={unfolded.launcher}", unfolded.profile)
+    command.study = unfolded.study
     command.problems = list(unfolded.problems)
     touching = [o for o in args.overrides if o.startswith(("hydra/launcher=", "hydra.launcher."))]
     own = [o for o in touching if not o.startswith("hydra/launcher=slca_")]  # not launcher='s
@@ -320,8 +324,28 @@ def _train(rest: list[str]) -> int:
         print(describe(command.launcher, command.profile, checked.jobs))
         return 0
     sys.argv = ["slca-exp", *rest]
-    train.main()
+    with _study_named(command.study):
+        train.main()
     return 0
+
+
+@contextlib.contextmanager
+def _study_named(study: str | None) -> Iterator[None]:
+    """``$SLCA_EXP_STUDY`` set to ``study`` while Hydra runs: the sweep's parent run records it."""
+    from slca_exp.launch.command import STUDY_ENV
+
+    saved = os.environ.get(STUDY_ENV)
+    if study:
+        os.environ[STUDY_ENV] = study
+    else:
+        os.environ.pop(STUDY_ENV, None)
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop(STUDY_ENV, None)
+        else:
+            os.environ[STUDY_ENV] = saved
 
 
 def _show_cfg(command: _Command, *, probe: bool) -> int:

@@ -1,7 +1,7 @@
 """``slca-exp compare``: a table and plots of a sweep's runs, and a comparability guard.
 
     slca-exp compare EXPERIMENT_OR_SWEEP [--metric M ...] [--strict] [--tracking-uri URI]
-                     [--out DIR] [--ui-url URL] [--smooth W]
+                     [--out DIR] [--ui-url URL] [--smooth W] [--report OUT.md]
 
 EXPERIMENT_OR_SWEEP is a sweep id (tag ``slca.sweep``), a sweep's parent run id, or an MLflow
 experiment name (all its runs but sweep parents). The table has one row per run, or one per
@@ -12,6 +12,12 @@ seeds, smoothed with ``--smooth`` (TensorBoard's EMA), validation values as mark
 written to ``--out``; the MLflow UI's compare-page URL is printed. The comparability guard
 (``slca_exp/comparability.py``) warns, or with ``--strict`` refuses (exit 2), when runs differ in
 a recipe component that was not swept.
+
+For every swept factor with two levels, the difference of each metric between them in every
+cell of the other swept factors: n, the mean difference, its 95% interval and p-value (paired t
+over the seeds both levels share, else Welch) and a verdict (``slca_exp/compare_stats.py``);
+for every numeric factor, a dose-response plot. ``--report OUT.md`` writes all of it, with the
+sweep's design, as one markdown page (``slca_exp/report.py``).
 """
 
 from __future__ import annotations
@@ -30,17 +36,26 @@ from typing import Any
 from urllib.parse import quote
 
 from slca_exp.comparability import differences
+from slca_exp.compare_stats import (
+    SEED_KEYS,
+    Observations,
+    effects,
+    effects_rows,
+    seed_of,
+    swept_value,
+)
 from slca_exp.core.names import METRICS, SEGMENTS, adv, known, val
-from slca_exp.core.tags import PARENT_ROLE, ROLE, SWEEP, SWEPT, SWEPT_PREFIX, swept_tag
+from slca_exp.core.tags import PARENT_ROLE, ROLE, SWEEP, SWEPT, SWEPT_PREFIX
+from slca_exp.effects import MEAN_OVER_STEPS
 from slca_exp.tracking import sweep_runs
 from slca_exp.tracking.mlflow import mlflow_key
 from slca_exp.tracking.sweep_runs import HEADLINE_METRICS
 from slca_exp.tracking.text_table import format_table
 
+EFFECTS_NOTE = "paired t over shared seeds, else Welch; 95% intervals"
 EXIT_OK = 0
 EXIT_REFUSED = 2
 DEFAULT_UI_URL = "http://127.0.0.1:5000"
-SEED_KEYS = ("seed",)
 """Keys whose values are averaged over (mean +/- std) rather than shown as separate rows."""
 LOWER_IS_BETTER = ("loss", "failures", "latency_ms", "step_s", "no_call", "zeroed_group_frac")
 """A metric whose name contains one of these is best at its minimum; every other at its maximum."""
@@ -112,12 +127,6 @@ def find_runs(client: Any, target: str) -> Selection:
     return Selection(f"experiment {target}", runs, swept, [experiment.experiment_id])
 
 
-def swept_value(run: Any, key: str) -> str:
-    """A run's value of a swept key: its ``slca.swept.<key>`` tag, else its param."""
-    tags, params = run.data.tags, run.data.params
-    return tags.get(swept_tag(key), params.get(key, ""))
-
-
 # -- table ----------------------------------------------------------------------------------------
 
 
@@ -134,18 +143,25 @@ def table(
     per_run = all(len(g) == 1 for g in groups.values())
     header = (["run"] + ([] if keys else ["name"])) if per_run else ["n", "seeds"]
     header += keys
+    observe = Observations(client)
     for metric in metrics:
-        header += [f"{metric} (final)", f"{metric} (best)"]
+        if metric in MEAN_OVER_STEPS:
+            header.append(f"{metric} (mean over steps)")
+        else:
+            header += [f"{metric} (final)", f"{metric} (best)"]
     rows = []
     for members in groups.values():
         first = members[0]
         if per_run:
             row = [first.info.run_id[:8]] + ([] if keys else [first.info.run_name or ""])
         else:
-            seeds = sorted({_seed(r) for r in members})
+            seeds = sorted({seed_of(r) for r in members})
             row = [str(len(members)), ",".join(seeds)]
         row += [swept_value(first, k) for k in keys]
         for metric in metrics:
+            if metric in MEAN_OVER_STEPS:
+                row.append(_cell([observe(r, metric) for r in members]))
+                continue
             finals = [r.data.metrics.get(mlflow_key(metric)) for r in members]
             bests = [_best(client, r, metric) for r in members]
             row += [_cell(finals), _cell(bests)]
@@ -169,10 +185,6 @@ def _group_key(run: Any, keys: Sequence[str]) -> tuple:
     ignored = set(SEED_KEYS) | set(_VOLATILE_PARAMS)
     params = tuple(sorted((k, v) for k, v in run.data.params.items() if k not in ignored))
     return tuple(swept_value(run, k) for k in keys) + params
-
-
-def _seed(run: Any) -> str:
-    return swept_value(run, "seed") or run.data.params.get("seed", "?")
 
 
 def _best(client: Any, run: Any, metric: str) -> float | None:
@@ -244,6 +256,31 @@ def write_plots(client: Any, selection: Selection, out: Path, *, smooth: float =
     return written
 
 
+def write_dose_plots(
+    client: Any, selection: Selection, metrics: Sequence[str], out: Path
+) -> list[Path]:
+    """``dose_<factor>.png`` for every numeric swept factor: each metric against its levels."""
+    from slca_exp.compare_stats import dose_response, plot_dose_response
+
+    observe = Observations(client)
+    curves = {
+        metric: dose_response(selection.runs, selection.swept, metric, observe, swept_value)
+        for metric in metrics
+    }
+    factors = sorted({f for by_factor in curves.values() for f in by_factor})
+    written = []
+    for factor in factors:
+        path = plot_dose_response(
+            {m: c for m, c in curves.items() if factor in c},
+            factor,
+            out / f"dose_{_safe(factor)}.png",
+            selection.label,
+        )
+        if path is not None:
+            written.append(path)
+    return written
+
+
 def plural(count: int, noun: str) -> str:
     """``1 run``, ``2 runs``.
 
@@ -289,7 +326,9 @@ def main(argv: Sequence[str]) -> int:
             file=sys.stderr,
         )
         return EXIT_REFUSED
-    metrics = args.metric or [m for m in HEADLINE_METRICS if _any_has(selection, m)]
+    metrics = args.metric or [
+        m for m in (*HEADLINE_METRICS, *MEAN_OVER_STEPS) if _any_has(selection, m)
+    ]
     for metric in metrics:
         if _any_has(selection, metric):
             continue
@@ -307,12 +346,38 @@ def main(argv: Sequence[str]) -> int:
     swept = ", ".join(selection.swept) or "-"
     print(f"{selection.label}: {plural(len(selection.runs), 'run')}; swept: {swept}")
     print(format_table(header, rows))
+    found = effects(
+        selection.runs, selection.swept, metrics, Observations(client), swept_value, seed_of
+    )
+    if found:
+        print(f"\ndifferences between two levels, per cell ({EFFECTS_NOTE}):")
+        print(format_table(*effects_rows(found)))
     out = Path(args.out or Path("outputs") / "compare" / _safe(args.target))
     out.mkdir(parents=True, exist_ok=True)
     (out / "table.md").write_text(sweep_runs.markdown_table(header, rows))
-    for path in write_plots(client, selection, out, smooth=args.smooth):
+    if found:
+        (out / "differences.md").write_text(sweep_runs.markdown_table(*effects_rows(found)))
+    plots = write_plots(client, selection, out, smooth=args.smooth)
+    plots += write_dose_plots(client, selection, metrics, out)
+    for path in plots:
         print(f"plot: {path}")
     print(f"table: {out / 'table.md'}")
+    if found:
+        print(f"differences: {out / 'differences.md'}")
+    if args.report:
+        from slca_exp.report import write_report
+
+        report = write_report(
+            client,
+            selection,
+            _group_labels(selection),
+            (header, rows),
+            found,
+            plots,
+            Path(args.report),
+            argv,
+        )
+        print(f"report: {report}")
     ui = args.ui_url or (uri if uri.startswith(("http://", "https://")) else DEFAULT_UI_URL)
     print(f"MLflow compare page: {compare_url(ui, selection)}")
     return EXIT_OK
@@ -357,6 +422,12 @@ def _parser() -> argparse.ArgumentParser:
         default=os.environ.get("SLCA_EXP_MLFLOW_UI"),
         help="MLflow UI base URL for the compare link; default $SLCA_EXP_MLFLOW_UI, the "
         f"tracking server, or {DEFAULT_UI_URL}",
+    )
+    parser.add_argument(
+        "--report",
+        metavar="OUT.md",
+        help="also write a report: the sweep's design, the table, the differences with their "
+        "intervals, the plots (copied beside it) and the grad-cosine summary",
     )
     parser.add_argument(
         "--smooth",

@@ -48,8 +48,7 @@ def require(module: str, *, reason: str) -> ModuleType:
         return importlib.import_module(module)
     except ImportError as err:
         pytest.fail(
-            f"CI needs {module!r} ({reason}), but importing it failed: "
-            f"{type(err).__name__}: {err}",
+            f"CI needs {module!r} ({reason}), but importing it failed: {type(err).__name__}: {err}",
             pytrace=False,
         )
 

@@ -42,7 +42,10 @@ def test_a_sweep_gives_a_four_row_table_plots_and_the_compare_url(sweep, tmp_pat
     header = next(i for i, line in enumerate(lines) if line.startswith("run "))
     dashes = next(i for i, line in enumerate(lines) if line.startswith("----"))
     rows = lines[dashes + 1 : dashes + 5]
-    assert lines[dashes + 5].startswith("plot: ")  # exactly 4 rows
+    assert lines[dashes + 5] == ""  # exactly 4 rows, then the differences
+    assert lines[dashes + 6].startswith("differences between two levels, per cell")
+    # one run per cell and level (one seed): a difference, but no interval
+    assert "too few runs" in res.stdout
     for child in sweep.children:
         row = next(r for r in rows if r.startswith(child.info.run_id[:8]))
         cells = row.split()

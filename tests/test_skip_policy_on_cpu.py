@@ -71,7 +71,7 @@ def test_a_moved_verl_module_fails_under_ci_and_skips_outside(tmp_path):
     assert laptop.returncode == 5 and "1 skipped" in last and "failed" not in last, last
 
 
-SKIPPING = '''
+SKIPPING = """
 import pytest
 
 pytest.skip({module!r}, allow_module_level=True) if {module!r} else None
@@ -88,7 +88,7 @@ def test_listed():
 
 def test_passes():
     pass
-'''
+"""
 
 
 @pytest.mark.parametrize("module_reason", ["", "a module skipped for a reason nobody listed"])

@@ -137,6 +137,25 @@ class ServiceConfig:
 
 
 @dataclass
+class JudgeNoiseConfig:
+    """A perturbation of the judge's ratings, for studies of a noisy judge (off by default).
+
+    The draw for a rollout is seeded by ``seed`` and the rollout's text, so a rerun gets the same
+    perturbed ratings; the judge's cache keeps the raw ones.
+    """
+
+    kind: str = param(
+        "none",
+        "none | gaussian (rating + N(0, std), rounded half up, clipped to 1..5) | flip (with "
+        "probability p the rating is replaced by a uniform draw from 1..5)",
+        choices=("none", "gaussian", "flip"),
+    )
+    std: float = param(1.0, "gaussian: the noise's standard deviation, in rating points", ge=0)
+    p: float = param(0.5, "flip: the probability that a rating is replaced", ge=0, le=1)
+    seed: int | None = param(None, "the draws' seed; null: the run's seed")
+
+
+@dataclass
 class JudgeConfig(ServiceConfig):
     """The summary judge (recorded component 3 of 5)."""
 
@@ -151,6 +170,9 @@ class JudgeConfig(ServiceConfig):
     )
     min_reply_chars: int = param(
         10, "score 0 without asking the judge when the final reply is shorter (0: off)", ge=0
+    )
+    noise: JudgeNoiseConfig = param(
+        default_factory=JudgeNoiseConfig, help="perturb the judge's ratings (kind=none: off)"
     )
 
 

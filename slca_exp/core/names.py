@@ -29,6 +29,9 @@ JUDGE_REQUESTS: Final = "judge/requests"
 JUDGE_FAILURES: Final = "judge/failures"
 JUDGE_CACHE_HIT_FRAC: Final = "judge/cache_hit_frac"
 JUDGE_LATENCY_MS: Final = "judge/latency_ms"
+JUDGE_RATING: Final = "judge/rating"
+JUDGE_RAW_RATING: Final = "judge/raw_rating"
+JUDGE_PERTURBED_FRAC: Final = "judge/perturbed_frac"
 SIMULATOR_REQUESTS: Final = "simulator/requests"
 SIMULATOR_FAILURES: Final = "simulator/failures"
 SIMULATOR_CACHE_HIT_FRAC: Final = "simulator/cache_hit_frac"
@@ -142,6 +145,9 @@ def _catalogue() -> dict[str, str]:
             JUDGE_FAILURES: "judge calls that failed after retries (their summary is absent)",
             JUDGE_CACHE_HIT_FRAC: "fraction of judge requests answered from the cache",
             JUDGE_LATENCY_MS: "mean judge request latency in milliseconds",
+            JUDGE_RATING: "mean 1-5 rating the summary rewards used (after judge.noise)",
+            JUDGE_RAW_RATING: "mean 1-5 rating the judge gave (before judge.noise)",
+            JUDGE_PERTURBED_FRAC: "fraction of ratings judge.noise changed",
             SIMULATOR_REQUESTS: "tool calls the simulator was asked to answer (schema passed)",
             SIMULATOR_FAILURES: "simulator calls that failed after retries",
             SIMULATOR_CACHE_HIT_FRAC: "fraction of simulator requests answered from the cache",

@@ -2,9 +2,9 @@
 
     Recipe.tags()             -> BACKBONE, REWARD, JUDGE, SIMULATOR, DATA, ESTIMATOR, FINGERPRINT,
                                  SWEEP on every run (short labels; recipe.json holds the rest)
-    the sweep callback        -> parent: SWEEP, ROLE, SWEPT, OVERRIDES, SWEEP_DIR, EXPECTED_JOBS,
-                                 job_record(n), JOBS_FAILED, JOBS_REPORTED, SWEEP_ERROR,
-                                 SERVICE_TAGS;
+    the sweep callback        -> parent: SWEEP, ROLE, SWEPT, OVERRIDES, SWEEP_DIR, STUDY,
+                                 EXPECTED_JOBS, job_record(n), JOBS_FAILED, JOBS_REPORTED,
+                                 SWEEP_ERROR, SERVICE_TAGS;
                                  children: SWEEP, ROLE, JOB, JOB_STATUS, OVERRIDES, swept_tag(key)
     the engines and trackers  -> STAGE, RESUMED, outage_tag(service), MLflow's own tags below
     lineage                   -> PROMPT_SHA256 on prompt versions; FINGERPRINT and MODEL_PATH
@@ -44,6 +44,7 @@ OVERRIDES: Final = "slca.overrides"
 JOB: Final = "slca.job"
 JOB_STATUS: Final = "slca.job_status"
 SWEEP_DIR: Final = "slca.sweep_dir"
+STUDY: Final = "slca.study"
 EXPECTED_JOBS: Final = "slca.expected_jobs"
 JOB_RECORD_PREFIX: Final = "slca.jobs."
 """Parent tags ``slca.jobs.<num>`` (:func:`job_record`): each job's record (JSON)."""
@@ -133,6 +134,7 @@ TAGS: Final[dict[str, str]] = {
     JOB: "child: the job number",
     JOB_STATUS: "child: how the job ended (COMPLETED, FAILED, ...)",
     SWEEP_DIR: "parent: the sweep's output folder",
+    STUDY: "parent: the ready study the sweep ran (sweep=<name>), if any",
     EXPECTED_JOBS: "parent: how many jobs the sweep launches",
     f"{JOB_RECORD_PREFIX}<num>": "parent: each job's record (JSON), written from inside the job",
     JOBS_FAILED: "parent: jobs that failed",

@@ -25,6 +25,7 @@ from slca_exp.judges.base import (
     batch_stats,
 )
 from slca_exp.judges.llm import OpenAIJudge, parse_rating
+from slca_exp.judges.noise import NoisyJudge, noise_fields
 from slca_exp.judges.rubric import RUBRIC_VERSION, RubricJudge
 from slca_exp.registry import Registry
 
@@ -36,20 +37,38 @@ JUDGES.register("rubric", RubricJudge)
 JUDGES.register("openai", OpenAIJudge)
 
 
-def build_judge(cfg: Any) -> Judge:  # noqa: ANN401
+def build_judge(cfg: Any, *, seed: int = 0) -> Judge:  # noqa: ANN401
     """The judge a ``judge`` config describes (``cfg.backend`` picks the registry entry).
+
+    With ``judge.noise.kind`` other than ``none`` the judge is wrapped in a
+    :class:`~slca_exp.judges.noise.NoisyJudge`; ``seed`` (the run's) seeds its draws unless
+    ``judge.noise.seed`` is set.
 
     Raises:
         UnknownNameError: no judge is registered under ``cfg.backend``.
         FileNotFoundError: ``judge.prompt`` names no template.
 
     """
-    return JUDGES.get(cfg.backend)(cfg)
+    judge = JUDGES.get(cfg.backend)(cfg)
+    noise = _noise(cfg)
+    if noise is None or noise.kind == "none":
+        return judge
+    return NoisyJudge(judge, noise, seed)
 
 
 def describe_judge(cfg: Any) -> dict[str, Any]:  # noqa: ANN401
-    """The recipe fields of the judge ``cfg`` describes (cheap: no network, no cache)."""
-    return JUDGES.get(cfg.backend).describe_config(cfg)
+    """The recipe fields of the judge ``cfg`` describes (cheap: no network, no cache).
+
+    ``noise`` is added only when ``judge.noise`` is on, so a recipe without it keeps the
+    fingerprint it always had.
+    """
+    fields = JUDGES.get(cfg.backend).describe_config(cfg)
+    noise = noise_fields(_noise(cfg))
+    return fields if noise is None else {**fields, "noise": noise}
+
+
+def _noise(cfg: Any) -> Any:  # noqa: ANN401 - a judge.noise config, or None (a plugin's config)
+    return cfg.get("noise") if hasattr(cfg, "get") else getattr(cfg, "noise", None)
 
 
 __all__ = [
@@ -60,6 +79,7 @@ __all__ = [
     "JudgeRequest",
     "JudgeResult",
     "JudgeView",
+    "NoisyJudge",
     "OpenAIJudge",
     "RubricJudge",
     "batch_stats",

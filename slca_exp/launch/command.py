@@ -29,6 +29,10 @@ from slca_exp.preflight.sections import is_remote
 from slca_exp.services.served import SERVED_GROUPS, SERVED_OPTION
 
 STUDY_GROUP = "sweep"
+STUDY_NOTES = ("question", "design", "expected")
+"""Text a study file may carry beside ``overrides``; ``compare --report`` prints it."""
+STUDY_ENV = "SLCA_EXP_STUDY"
+"""The study's name while its sweep launches; the sweep's parent run records it (tag STUDY)."""
 SERVICE_GROUP = "service"
 """The group of ``slca-exp serve up`` (service definitions): not a run's."""
 
@@ -130,6 +134,16 @@ def study_overrides(name: str, extra_config_dirs: Sequence[str] = ()) -> list[st
         if path.is_file():
             return [str(o) for o in OmegaConf.load(path).overrides]
     return None
+
+
+def study_notes(name: str, extra_config_dirs: Sequence[str] = ()) -> dict[str, str]:
+    """The study's own notes beside its overrides (``question``, ``expected``; {} if none)."""
+    for folder in _study_dirs(extra_config_dirs):
+        path = folder / f"{name}.yaml"
+        if path.is_file():
+            study = OmegaConf.load(path)
+            return {k: str(study[k]).strip() for k in STUDY_NOTES if study.get(k)}
+    return {}
 
 
 def _unfold_study(

@@ -54,6 +54,7 @@ from slca_exp.core.tags import (
     ROLE,
     RUN_NOTE,
     SERVICE_TAGS,
+    STUDY,
     SWEEP,
     SWEEP_DIR,
     SWEEP_ERROR,
@@ -62,6 +63,7 @@ from slca_exp.core.tags import (
     job_record,
     swept_tag,
 )
+from slca_exp.launch.command import STUDY_ENV
 from slca_exp.tracking import sweep_runs
 from slca_exp.tracking.closing import say, slurm_job, sweep_block
 from slca_exp.tracking.mlflow import get_or_create_experiment
@@ -159,6 +161,8 @@ class MlflowSweepCallback(Callback):
             ),
         }
         tags |= service_tags(config, swept=self.swept)
+        if os.environ.get(STUDY_ENV):
+            tags[STUDY] = os.environ[STUDY_ENV]
         run = client.create_run(self.experiment_id, run_name=self.sweep_id, tags=tags)
         self.parent_run_id = run.info.run_id
         params = {**fixed, **self.swept}

@@ -49,6 +49,8 @@ class JudgeResult:
         reason: which short-circuit rule, or why it failed (never contains a secret).
         cached: answered from the persistent cache.
         latency_ms: time spent on this request (0 for cache hits and short-circuits).
+        raw_rating: the judge's own rating when ``judge.noise`` perturbed it (``rating`` is then
+            the perturbed one); ``None`` when nothing perturbed the rating.
 
     """
 
@@ -58,6 +60,7 @@ class JudgeResult:
     reason: str = ""
     cached: bool = False
     latency_ms: float = 0.0
+    raw_rating: int | None = None
 
     @classmethod
     def rated(cls, rating: int, *, cached: bool = False, latency_ms: float = 0.0) -> JudgeResult:

@@ -41,6 +41,8 @@ class SummaryReward:
         reason: why it was short-circuited or failed ("" when ok).
         cached: the judge answered from its cache.
         latency_ms: time the judge spent on it.
+        raw_rating: the judge's own rating before ``judge.noise``; ``None`` when not perturbed
+            (then it is ``rating``).
 
     """
 
@@ -50,6 +52,12 @@ class SummaryReward:
     reason: str = ""
     cached: bool = False
     latency_ms: float = 0.0
+    raw_rating: int | None = None
+
+    @property
+    def judge_rating(self) -> int | None:
+        """The judge's own rating: ``raw_rating`` when noise perturbed it, else ``rating``."""
+        return self.raw_rating if self.raw_rating is not None else self.rating
 
 
 def from_judge(result: JudgeResult, failure: FailurePolicy = "absent") -> SummaryReward:
@@ -63,12 +71,22 @@ def from_judge(result: JudgeResult, failure: FailurePolicy = "absent") -> Summar
         score = 0.0 if failure == "zero" else math.nan  # absent, stop: no score
         return SummaryReward(score, None, "failed", result.reason, False, result.latency_ms)
     return SummaryReward(
-        float(score), result.rating, result.status, result.reason, result.cached, result.latency_ms
+        float(score),
+        result.rating,
+        result.status,
+        result.reason,
+        result.cached,
+        result.latency_ms,
+        result.raw_rating,
     )
 
 
 def judge_stats(summaries: Sequence[SummaryReward]) -> dict[str, float]:
     """``judge/{requests,failures}`` (counts), ``cache_hit_frac`` and ``latency_ms`` of a batch.
+
+    Where some rollout has a rating, also ``judge/rating`` and ``judge/raw_rating`` (their means:
+    the ratings the rewards used and the judge's own, equal without ``judge.noise``) and
+    ``judge/perturbed_frac`` (the fraction of ratings the noise changed).
 
     Requests are the rollouts the judge was asked about (not short-circuited); the cache hits
     and the latency are over those, the latency the mean over the ones not answered from the
@@ -76,12 +94,19 @@ def judge_stats(summaries: Sequence[SummaryReward]) -> dict[str, float]:
     """
     asked = [s for s in summaries if s.status != "short_circuit"]
     served = [s.latency_ms for s in asked if not s.cached]
-    return {
+    rated = [s for s in summaries if s.rating is not None]
+    stats = {
         names.JUDGE_REQUESTS: float(len(asked)),
         names.JUDGE_FAILURES: float(sum(s.status == "failed" for s in summaries)),
         names.JUDGE_CACHE_HIT_FRAC: sum(s.cached for s in asked) / len(asked) if asked else 0.0,
         names.JUDGE_LATENCY_MS: sum(served) / len(served) if served else 0.0,
     }
+    if rated:  # judge.noise: the ratings the rewards used beside the judge's own
+        stats[names.JUDGE_RATING] = sum(float(s.rating or 0) for s in rated) / len(rated)
+        stats[names.JUDGE_RAW_RATING] = sum(float(s.judge_rating or 0) for s in rated) / len(rated)
+        changed = sum(s.rating != s.judge_rating for s in rated)
+        stats[names.JUDGE_PERTURBED_FRAC] = changed / len(rated)
+    return stats
 
 
 def summary_rewards(

@@ -157,6 +157,7 @@ def rewards_of(tool: Any, summary: Any, routed: tuple[float, float, float]) -> R
         components={k: float(v) for k, v in tool.components.items()},
         summary=float(summary.score),
         rating=summary.rating,
+        raw_rating=getattr(summary, "judge_rating", summary.rating),
         judge_status=str(summary.status),
         judge_reason=str(getattr(summary, "reason", "") or ""),
         should_no_call=bool(tool.should_no_call),

@@ -107,6 +107,8 @@ class Rewards:
         routed_summary: the summary score the estimator received.
         total: the routed total (``process_weight * R_tool + summary_weight * R_sum``, or the
             no-call penalty).
+        raw_rating: the judge's own rating where ``judge.noise`` perturbed it (``rating`` and
+            ``summary`` are then the perturbed ones); else the same as ``rating``.
 
     """
 
@@ -120,6 +122,7 @@ class Rewards:
     routed_tool: float
     routed_summary: float
     total: float
+    raw_rating: int | None = None
 
 
 @dataclass

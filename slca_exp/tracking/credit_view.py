@@ -193,6 +193,8 @@ def _meta(rec: RolloutRecord) -> str:
     r = rec.rewards
     parts = ", ".join(f"{k} {_num(v, '.2f')}" for k, v in r.components.items())
     summary = "rating n/a" if r.rating is None else f"rating {r.rating} ({_num(r.summary)})"
+    if r.raw_rating is not None and r.raw_rating != r.rating:
+        summary += f", judge rated {r.raw_rating} (judge.noise)"
     judge = f" · judge {r.judge_status}: {r.judge_reason}" if r.judge_status != "ok" else ""
     counts = " · ".join(
         f"{seg} {rec.segment_tokens(seg)}"

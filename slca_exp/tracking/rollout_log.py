@@ -51,6 +51,7 @@ def _row(r: RolloutRecord) -> dict[str, Any]:
     row.update(
         {
             "summary_rating": rewards.rating,
+            "judge_raw_rating": rewards.raw_rating,
             "summary_reward": _num(rewards.summary),
             "judge_status": rewards.judge_status,
             "total": _num(rewards.total),

@@ -107,7 +107,8 @@ def test_a_job_no_node_of_its_partition_can_hold_is_refused(tmp_path, monkeypatc
 
 
 @pytest.mark.parametrize(
-    ("study", "jobs"), [("reward_weights", 9), ("estimator_seeds", 6), ("hierr_presets", 4)]
+    ("study", "jobs"),
+    [("reward_weights", 9), ("estimator_seeds", 6), ("hierr_presets", 4), ("isolation", 30)],
 )
 def test_every_study_expands_and_validates(study, jobs):
     assert study in study_names()
@@ -115,6 +116,14 @@ def test_every_study_expands_and_validates(study, jobs):
     assert unfolded.problems == [] and unfolded.study == study
     n, problems = check_overrides(unfolded.overrides)
     assert (n, problems) == (jobs, [])
+
+
+def test_the_isolation_study_states_its_question_design_and_expected_outcome():
+    from slca_exp.launch.command import STUDY_NOTES, study_notes
+
+    notes = study_notes("isolation")
+    assert sorted(notes) == sorted(STUDY_NOTES) and all(len(v) > 100 for v in notes.values())
+    assert study_notes("estimator_seeds") == {}
 
 
 def test_the_command_line_wins_over_the_study():

@@ -181,7 +181,7 @@ def test_judge_metrics_of_a_batch():
 
     batch = [
         from_judge(JudgeResult(4, 0.75, "ok", cached=True, latency_ms=0.0)),
-        from_judge(JudgeResult(3, 0.5, "ok", latency_ms=40.0)),
+        from_judge(JudgeResult(3, 0.5, "ok", latency_ms=40.0, raw_rating=1)),  # judge.noise
         from_judge(JudgeResult(None, NAN, "failed", latency_ms=20.0)),
         from_judge(SHORT),
     ]
@@ -191,5 +191,8 @@ def test_judge_metrics_of_a_batch():
         "judge/failures": 1.0,
         "judge/cache_hit_frac": 1 / 3,
         "judge/latency_ms": 30.0,
+        "judge/rating": 3.5,
+        "judge/raw_rating": 2.5,
+        "judge/perturbed_frac": 0.5,
     }
     assert set(stats) <= set(names.METRICS)

@@ -67,6 +67,8 @@ def check_run_rollouts(client: MlflowClient, run_id: str, into: Path) -> dict[st
         assert ("slca.reward.rating" in root.attributes) == (
             root.attributes["slca.judge.status"] == "ok"
         ), root.attributes
+        rated = "slca.reward.rating" in root.attributes  # judge.noise keeps the judge's own
+        assert ("slca.reward.raw_rating" in root.attributes) == rated, root.attributes
         has_tool = root.attributes["slca.tokens.tool"] > 0
         assert ("slca.adv.tool" in root.attributes) == has_tool, root.attributes
         assert isinstance(root.attributes["slca.adv.summary"], float)

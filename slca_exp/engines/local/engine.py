@@ -134,7 +134,7 @@ class _LocalRun:
         self.splits = data_io.load(cfg)
         self.backbone = data_io.backbone(cfg, self.splits, self.device)
         self.model, self.tok = self.backbone.model, self.backbone.tokenizer
-        self.judge = build_judge(cfg.judge)
+        self.judge = build_judge(cfg.judge, seed=cfg.seed)
         self.simulator = build_simulator(cfg.simulator)
         self.reward = HierRReward.from_config(cfg.reward)
         self.estimator = get_estimator(cfg.algorithm.name)

@@ -145,7 +145,8 @@ def _result(scored: Any, ends_on_tool: bool, *, corrected: bool) -> dict[str, An
         "slca/tool/score": float(raw_tool.score),
         "slca/tool/should_no_call": int(raw_tool.should_no_call),
         "slca/judge/score": float(judged.score),  # NaN: absent (failed under `absent`)
-        "slca/judge/rating": int(judged.rating) if judged.rating is not None else -1,
+        "slca/judge/rating": _rating(judged.rating),
+        "slca/judge/raw_rating": _rating(judged.judge_rating),
         "slca/judge_status": str(judged.status),
         "slca/judge_reason": str(judged.reason),
         "slca/judge/cached": int(judged.cached),
@@ -154,6 +155,16 @@ def _result(scored: Any, ends_on_tool: bool, *, corrected: bool) -> dict[str, An
     for name, value in raw_tool.components.items():
         info[f"slca/tool/{name}"] = float(value)
     return {"reward_score": _finite(total), "reward_extra_info": info}
+
+
+def _rating(value: int | None) -> int:
+    """A rating as verl keeps it: ``-1`` for none (its extra-info columns are numeric)."""
+    return -1 if value is None else int(value)
+
+
+def _read_rating(info: Mapping[str, Any], key: str) -> int | None:
+    value = int(info.get(key, -1))
+    return None if value < 0 else value
 
 
 def batch_infos(extra_fields: Sequence[Any]) -> list[Mapping[str, Any]]:
@@ -191,7 +202,8 @@ def reward_metrics(infos: Sequence[Mapping[str, Any]]) -> dict[str, float]:
     summaries = [
         SummaryReward(
             score=float(r["slca/judge/score"]),
-            rating=None if int(r["slca/judge/rating"]) < 0 else int(r["slca/judge/rating"]),
+            rating=_read_rating(r, "slca/judge/rating"),
+            raw_rating=_read_rating(r, "slca/judge/raw_rating"),
             status=str(r["slca/judge_status"]),
             cached=bool(r["slca/judge/cached"]),
             latency_ms=float(r["slca/judge/latency_ms"]),

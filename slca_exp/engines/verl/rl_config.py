@@ -232,12 +232,16 @@ def our_section(config: RunConfig) -> dict[str, Any]:
     from slca_exp.tracking.redact import Redactor
 
     redactor = Redactor.for_config(config)
-    return {
+    section = {
         name: redactor.mapping(
             OmegaConf.to_container(OmegaConf.structured(getattr(config, name)), resolve=True)
         )
         for name in ("reward", "judge", "simulator")
     }
+    noise = section["judge"].get("noise")
+    if isinstance(noise, dict) and noise.get("seed") is None:
+        noise["seed"] = config.seed  # the reward workers build the judge without the run's seed
+    return section
 
 
 def rollout_section(config: RunConfig, recipe: Recipe | None) -> dict[str, Any]:

@@ -70,6 +70,7 @@ def rewards_from_info(info: Mapping[str, Any]) -> Rewards:
 
     failed = bool(info.get(SUMMARY_FAILED_KEY, 0)) and not info.get(NO_SUMMARY_KEY, 0)
     rating = int(info.get("slca/judge/rating", -1))
+    raw_rating = int(info.get("slca/judge/raw_rating", rating))
     return Rewards(
         tool=float(info.get("slca/tool/score", math.nan)),
         components={part: float(info.get(f"slca/tool/{part}", math.nan)) for part in COMPONENTS},
@@ -81,6 +82,7 @@ def rewards_from_info(info: Mapping[str, Any]) -> Rewards:
         routed_tool=float(info.get(TOOL_KEY, math.nan)),
         routed_summary=math.nan if failed else float(info.get(SUMMARY_KEY, math.nan)),
         total=math.nan if failed else float(info.get(TOTAL_KEY, math.nan)),
+        raw_rating=None if raw_rating < 0 else raw_rating,
     )
 
 
@@ -199,9 +201,7 @@ def _rows(data: Any, n: int) -> list[dict[str, Any]]:  # noqa: ANN401
         columns[name] = _as_list(values)
     # verl keeps the dataset's prompt as ``raw_prompt``; the row layout calls it ``prompt``
     renamed = {key: _ROW_NAMES.get(key, key) for key in columns}
-    return [
-        {renamed[key]: _plain(values[i]) for key, values in columns.items()} for i in range(n)
-    ]
+    return [{renamed[key]: _plain(values[i]) for key, values in columns.items()} for i in range(n)]
 
 
 _ROW_NAMES = {"raw_prompt": "prompt"}

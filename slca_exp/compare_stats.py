@@ -1,0 +1,275 @@
+"""The statistics of ``slca-exp compare``: two-level differences per cell, and dose-response.
+
+- :func:`effects`: for every swept factor with two levels (``algorithm=grpo,slca_grpo``), in every
+  cell of the other swept factors (the seed left out), the difference of each metric between the
+  two levels (:mod:`slca_exp.effects`: paired t over the seeds both levels have, else Welch).
+- :func:`dose_response`: for every numeric swept factor (``judge.noise.p=0,0.5,1``), the mean
+  observation at each level with its 95% interval, one line per combination of the other swept
+  factors; :func:`plot_dose_response` draws it.
+
+One observation per run (:class:`Observations`): a metric's final value, or for a per-step
+diagnostic (:data:`~slca_exp.effects.MEAN_OVER_STEPS`, e.g. ``train/grad_cos``) its mean over the
+run's steps (NaN steps left out).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from slca_exp.core.tags import swept_tag
+from slca_exp.effects import MEAN_OVER_STEPS, Estimate, mean_interval, paired, welch
+from slca_exp.tracking.mlflow import mlflow_key
+
+SEED_KEYS = ("seed",)
+"""Swept keys whose values are repetitions (averaged over, paired on), not factors."""
+
+
+def swept_value(run: Any, key: str) -> str:  # noqa: ANN401
+    """A run's value of a swept key: its ``slca.swept.<key>`` tag, else its param."""
+    tags, params = run.data.tags, run.data.params
+    return tags.get(swept_tag(key), params.get(key, ""))
+
+
+def seed_of(run: Any) -> str:  # noqa: ANN401
+    """A run's seed: its swept value, else its param (``?`` when it has neither)."""
+    return swept_value(run, "seed") or run.data.params.get("seed", "?")
+
+
+class Observations:
+    """One number per (run, metric), read from the store once."""
+
+    def __init__(self, client: Any) -> None:  # noqa: ANN401
+        self.client = client
+        self._cache: dict[tuple[str, str], float | None] = {}
+
+    def __call__(self, run: Any, metric: str) -> float | None:  # noqa: ANN401
+        """The run's observation of ``metric``; ``None`` when it has none."""
+        key = (run.info.run_id, metric)
+        if key not in self._cache:
+            self._cache[key] = self._read(run, metric)
+        return self._cache[key]
+
+    def _read(self, run: Any, metric: str) -> float | None:  # noqa: ANN401
+        name = mlflow_key(metric)
+        if name not in run.data.metrics:
+            return None
+        if metric in MEAN_OVER_STEPS:
+            history = self.client.get_metric_history(run.info.run_id, name)
+            values = [m.value for m in history if math.isfinite(m.value)]
+            return math.fsum(values) / len(values) if values else None
+        value = float(run.data.metrics[name])
+        return value if math.isfinite(value) else None
+
+
+@dataclass(frozen=True)
+class Effect:
+    """The difference of one metric between two levels of a factor, in one cell."""
+
+    factor: str
+    levels: tuple[str, str]
+    """``(a, b)``: the estimate is ``b - a``."""
+    cell: tuple[tuple[str, str], ...]
+    """The other swept keys' values that define the cell."""
+    metric: str
+    estimate: Estimate
+    unpaired: int = 0
+    """Runs left out of a paired comparison for having no partner of the other level."""
+
+    @property
+    def cell_label(self) -> str:
+        """``judge.noise.p=0.5`` (``-`` when there is no other factor)."""
+        return " ".join(f"{k}={v}" for k, v in self.cell) or "-"
+
+    @property
+    def label(self) -> str:
+        """``slca_grpo - grpo``."""
+        return f"{self.levels[1]} - {self.levels[0]}"
+
+
+def levels(runs: Sequence[Any], key: str, value_of: Any) -> list[str]:  # noqa: ANN401
+    """The values ``key`` takes over ``runs``, numerically sorted when every one is a number."""
+    return sorted({value_of(run, key) for run in runs}, key=_sort_key)
+
+
+def effects(
+    runs: Sequence[Any],
+    swept: Sequence[str],
+    metrics: Sequence[str],
+    observe: Observations,
+    value_of: Any,  # noqa: ANN401 - (run, key) -> str
+    seed_of: Any,  # noqa: ANN401 - run -> str
+) -> list[Effect]:
+    """Every two-level factor's difference, per cell and metric (see the module)."""
+    keys = [k for k in swept if k not in SEED_KEYS]
+    found = []
+    for factor in keys:
+        values = levels(runs, factor, value_of)
+        if len(values) != 2:
+            continue
+        others = [k for k in keys if k != factor]
+        cells: dict[tuple[tuple[str, str], ...], list[Any]] = {}
+        for run in runs:
+            cell = tuple((k, value_of(run, k)) for k in others)
+            cells.setdefault(cell, []).append(run)
+        for cell in sorted(cells, key=lambda c: tuple(_sort_key(v) for _, v in c)):
+            members = cells[cell]
+            for metric in metrics:
+                sides = [
+                    [(seed_of(r), observe(r, metric)) for r in members if value_of(r, factor) == v]
+                    for v in values
+                ]
+                sides = [[(s, x) for s, x in side if x is not None] for side in sides]
+                if not sides[0] and not sides[1]:
+                    continue
+                estimate, unpaired = compare_sides(sides[0], sides[1])
+                found.append(
+                    Effect(factor, (values[0], values[1]), cell, metric, estimate, unpaired)
+                )
+    return found
+
+
+def compare_sides(
+    a: Sequence[tuple[str, float]], b: Sequence[tuple[str, float]]
+) -> tuple[Estimate, int]:
+    """``b - a`` from (seed, observation) pairs: paired over shared seeds when they pair up.
+
+    The runs pair up when no seed occurs twice on one side and at least two seeds occur on
+    both; the seeds of one side only are then left out (their count is returned). Otherwise
+    Welch's test compares every observation.
+    """
+    seeds_a, seeds_b = [s for s, _ in a], [s for s, _ in b]
+    unique = len(set(seeds_a)) == len(seeds_a) and len(set(seeds_b)) == len(seeds_b)
+    shared = sorted(set(seeds_a) & set(seeds_b), key=_sort_key)
+    if unique and (len(shared) >= 2 or (shared and len(a) == len(b) == 1)):
+        da, db = dict(a), dict(b)
+        unpaired = len(a) + len(b) - 2 * len(shared)
+        return paired([da[s] for s in shared], [db[s] for s in shared]), unpaired
+    return welch([x for _, x in a], [x for _, x in b]), 0
+
+
+@dataclass(frozen=True)
+class DosePoint:
+    """The observations of one line at one level of a numeric factor."""
+
+    x: float
+    mean: float
+    low: float
+    high: float
+    n: int
+
+
+def dose_response(
+    runs: Sequence[Any],
+    swept: Sequence[str],
+    metric: str,
+    observe: Observations,
+    value_of: Any,  # noqa: ANN401
+) -> dict[str, dict[str, list[DosePoint]]]:
+    """Numeric factor -> line label (the other factors' values) -> points, for ``metric``.
+
+    A factor is numeric when it has at least two levels and every one reads as a number.
+    """
+    keys = [k for k in swept if k not in SEED_KEYS]
+    out: dict[str, dict[str, list[DosePoint]]] = {}
+    for factor in keys:
+        values = levels(runs, factor, value_of)
+        if len(values) < 2 or any(_number(v) is None for v in values):
+            continue
+        others = [k for k in keys if k != factor]
+        lines: dict[str, list[DosePoint]] = {}
+        for run in runs:
+            label = " ".join(f"{k}={value_of(run, k)}" for k in others) or "all runs"
+            lines.setdefault(label, [])
+        for label in sorted(lines):
+            for value in values:
+                members = [
+                    r
+                    for r in runs
+                    if value_of(r, factor) == value
+                    and (" ".join(f"{k}={value_of(r, k)}" for k in others) or "all runs") == label
+                ]
+                seen = [observe(r, metric) for r in members]
+                present = [x for x in seen if x is not None]
+                if present:
+                    mean, low, high = mean_interval(present)
+                    lines[label].append(DosePoint(float(value), mean, low, high, len(present)))
+        out[factor] = lines
+    return out
+
+
+def plot_dose_response(
+    curves: dict[str, dict[str, dict[str, list[DosePoint]]]], factor: str, path: Path, title: str
+) -> Path | None:
+    """One panel per metric: each line's mean against the factor, its 95% interval as a band."""
+    from slca_exp.tracking.plots import _pyplot, _save
+
+    panels = [(metric, by_factor[factor]) for metric, by_factor in curves.items()]
+    panels = [(m, lines) for m, lines in panels if any(lines.values())]
+    if not panels:
+        return None
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 3.8), squeeze=False)
+    for ax, (metric, lines) in zip(axes[0], panels, strict=True):
+        for label, points in lines.items():
+            if not points:
+                continue
+            xs = [p.x for p in points]
+            (line,) = ax.plot(xs, [p.mean for p in points], marker="o", label=label)
+            low = [p.low if math.isfinite(p.low) else p.mean for p in points]
+            high = [p.high if math.isfinite(p.high) else p.mean for p in points]
+            ax.fill_between(xs, low, high, color=line.get_color(), alpha=0.2, linewidth=0)
+        ax.set_title(metric, fontsize=9)
+        ax.set_xlabel(factor)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle(f"{title}: mean over seeds, 95% interval", fontsize=9)
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def effects_rows(found: Sequence[Effect]) -> tuple[list[str], list[list[str]]]:
+    """The differences as a table: header and rows of text cells."""
+    header = ["factor", "difference", "cell", "metric", "n", "test", "mean diff", "95% CI", "p"]
+    header.append("verdict")
+    rows = []
+    for e in found:
+        est = e.estimate
+        interval = "-" if math.isnan(est.low) else f"[{est.low:+.4g}, {est.high:+.4g}]"
+        n = f"{est.n}" if est.test.startswith("paired") else f"{est.n_a}+{est.n_b}"
+        if e.unpaired:
+            n += f" ({e.unpaired} unpaired)"
+        verdict = est.verdict
+        if est.needed is not None:
+            verdict += f" (~{est.needed} seeds to separate)"
+        rows.append(
+            [
+                e.factor,
+                e.label,
+                e.cell_label,
+                e.metric,
+                n,
+                est.test,
+                f"{est.mean:+.4g}",
+                interval,
+                "-" if math.isnan(est.p) else f"{est.p:.3g}",
+                verdict,
+            ]
+        )
+    return header, rows
+
+
+def _number(text: str) -> float | None:
+    try:
+        value = float(text)
+    except (TypeError, ValueError):
+        return None
+    return value if math.isfinite(value) else None
+
+
+def _sort_key(text: str) -> tuple[int, float, str]:
+    number = _number(text)
+    return (0, number, "") if number is not None else (1, 0.0, str(text))

@@ -1,0 +1,226 @@
+"""``slca-exp compare SWEEP --report OUT.md``: a sweep's results as one markdown page.
+
+The page is written from the store alone, so that no number in it is typed by hand:
+
+- how it was made: the command, the date, the commit(s) the runs ran, the sweep's wall time (its
+  parent run's start to end, else its first run's start to its last run's end), the runs;
+- the design: the swept keys and their values, the overrides every job shared, the recipe
+  components, and for a ready study (``sweep=<name>``, tag ``slca.study``) the question, design
+  and expected outcome its file states (written before the runs);
+- the table of :func:`slca_exp.compare.table`, the differences of
+  :func:`slca_exp.compare_stats.effects` with their verdicts and, where nothing separates, the
+  seeds the measured variance would need;
+- the gradient conflict (``train/grad_cos``, mean over steps) per group, when logged;
+- the plots, copied into ``<OUT stem>_files/`` beside the page.
+"""
+
+from __future__ import annotations
+
+import math
+import shlex
+import shutil
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from slca_exp.compare_stats import (
+    Effect,
+    Observations,
+    effects_rows,
+    levels,
+    seed_of,
+    swept_value,
+)
+from slca_exp.core import names, tags
+from slca_exp.effects import CONFIDENCE, mean_interval
+from slca_exp.recipe import COMPONENTS
+
+GRAD_COS = names.TRAIN_GRAD_COS
+
+
+def write_report(
+    client: Any,  # noqa: ANN401
+    selection: Any,  # noqa: ANN401 - compare.Selection: label, runs, swept
+    groups: Mapping[str, Sequence[Any]],
+    table: tuple[Sequence[str], Sequence[Sequence[str]]],
+    found: Sequence[Effect],
+    plots: Sequence[Path],
+    out: Path,
+    argv: Sequence[str],
+) -> Path:
+    """Write the report to ``out`` (and its plots beside it); returns ``out``.
+
+    Args:
+        client: an MLflow client on the runs' store.
+        selection: the runs compare selected (its ``label``, ``runs`` and ``swept`` keys).
+        groups: legend label -> the runs of one group, as compare's table and plots group them.
+        table: compare's table (header, rows).
+        found: the differences (:func:`slca_exp.compare_stats.effects`).
+        plots: the plots compare wrote; copied beside the report.
+        out: the report's path.
+        argv: compare's command line, quoted in the report.
+
+    """
+    from slca_exp.tracking.sweep_runs import markdown_table
+
+    header, rows = table
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    files = out.parent / f"{out.stem}_files"
+    files.mkdir(exist_ok=True)
+    runs = selection.runs
+    parent = _parent(client, runs)
+    study = parent.data.tags.get(tags.STUDY) if parent is not None else None
+    title = f"Study `{study}`" if study else selection.label
+    lines = [f"# {title}", ""]
+    lines += _provenance(selection, parent, argv)
+    lines += ["", "## Design", ""]
+    notes = _notes(study) if study else {}
+    if notes:
+        for key, heading in (("question", "Question"), ("design", "Why this recipe")):
+            if key in notes:
+                lines += [f"**{heading}.** {notes[key]}", ""]
+    for key in selection.swept:
+        values = levels(runs, key, swept_value)
+        lines.append(f"- swept `{key}`: {', '.join(f'`{v}`' for v in values)}")
+    shared = _shared_overrides(runs, selection.swept)
+    if shared:
+        lines.append(f"- every job: `{' '.join(shared)}`")
+    first = runs[0].data.tags
+    for component in COMPONENTS:
+        label = first.get(tags.COMPONENT_TAGS[component])
+        if label:
+            lines.append(f"- {component}: `{label}`")
+    if "expected" in notes:
+        lines += ["", "## Expected outcome (stated before the runs)", "", notes["expected"]]
+    lines += ["", "## Results", "", f"Final values over the runs of each group ({_seeds(runs)}):"]
+    lines += ["", markdown_table(header, rows)]
+    if found:
+        lines += [
+            "## Differences",
+            "",
+            f"For each factor with two levels, in each cell of the other factors: the mean "
+            f"difference, its {CONFIDENCE:.0%} interval and p-value (paired t over the seeds both "
+            "levels share, else Welch's t).",
+            "",
+            markdown_table(*effects_rows(found)),
+        ]
+        lines += _reading(found)
+    cos = _grad_cos(client, groups)
+    if cos:
+        lines += ["", "## Gradient conflict", ""]
+        lines += [
+            "cos(grad of the tool-token loss, grad of the summary-token loss) at each step "
+            f"(`engine.rl.grad_cos`), averaged over each run's steps; mean over the group's "
+            f"runs and its {CONFIDENCE:.0%} interval:",
+            "",
+            markdown_table(["group", "runs", "mean cos", f"{CONFIDENCE:.0%} CI"], cos),
+        ]
+    if plots:
+        lines += ["", "## Plots", ""]
+        for plot in plots:
+            copied = files / plot.name
+            if plot.resolve() != copied.resolve():
+                shutil.copyfile(plot, copied)
+            lines += [f"![{plot.stem}]({files.name}/{plot.name})", ""]
+    out.write_text("\n".join(lines).rstrip() + "\n")
+    return out
+
+
+def _notes(study: str) -> dict[str, str]:
+    from slca_exp.launch.command import study_notes
+
+    return study_notes(study)
+
+
+def _provenance(selection: Any, parent: Any, argv: Sequence[str]) -> list[str]:  # noqa: ANN401
+    runs = selection.runs
+    commits = sorted({r.data.tags.get(tags.GIT_COMMIT, "") for r in runs} - {""})
+    start, end = _span(parent, runs)
+    statuses: dict[str, int] = {}
+    for run in runs:
+        statuses[run.info.status] = statuses.get(run.info.status, 0) + 1
+    made = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    wall = f"{(end - start) / 60000:.1f} min" if start and end and end >= start else "unknown"
+    return [
+        f"Written by `slca-exp compare {shlex.join(argv)}` on {made}.",
+        "",
+        "| | |",
+        "| --- | --- |",
+        f"| sweep | {selection.label} |",
+        f"| commit | {', '.join(f'`{c[:12]}`' for c in commits) or 'not recorded'} |",
+        f"| wall time | {wall} |",
+        f"| runs | {', '.join(f'{n} {s}' for s, n in sorted(statuses.items()))} |",
+    ]
+
+
+def _parent(client: Any, runs: Sequence[Any]) -> Any | None:  # noqa: ANN401
+    ids = {r.data.tags.get(tags.PARENT_RUN) for r in runs} - {None}
+    if len(ids) != 1:
+        return None
+    try:
+        return client.get_run(ids.pop())
+    except Exception:  # the parent was deleted
+        return None
+
+
+def _span(parent: Any, runs: Sequence[Any]) -> tuple[int | None, int | None]:  # noqa: ANN401
+    if parent is not None and parent.info.end_time:
+        return parent.info.start_time, parent.info.end_time
+    starts = [r.info.start_time for r in runs if r.info.start_time]
+    ends = [r.info.end_time for r in runs if r.info.end_time]
+    return (min(starts) if starts else None), (max(ends) if ends else None)
+
+
+def _shared_overrides(runs: Sequence[Any], swept: Sequence[str]) -> list[str]:
+    """The overrides every job was given, the swept keys left out."""
+    lists = [r.data.tags.get(tags.OVERRIDES, "").split() for r in runs]
+    if not lists or not all(lists):
+        return []
+    common = [o for o in lists[0] if all(o in other for other in lists[1:])]
+    return [o for o in common if o.split("=", 1)[0].lstrip("+~") not in swept]
+
+
+def _seeds(runs: Sequence[Any]) -> str:
+    seeds = sorted({seed_of(r) for r in runs}, key=lambda s: (len(s), s))
+    return f"seeds {', '.join(seeds)}" if seeds else "one run each"
+
+
+def _reading(found: Sequence[Effect]) -> list[str]:
+    """One line per difference: its verdict in words, with the seeds it would need."""
+    out = ["", "Read plainly:", ""]
+    for e in found:
+        est = e.estimate
+        where = f" at {e.cell_label}" if e.cell else ""
+        if est.identical:
+            text = "every pair is identical"
+        elif est.separated:
+            text = (
+                f"differs by {est.mean:+.4g} ({CONFIDENCE:.0%} CI [{est.low:+.4g}, "
+                f"{est.high:+.4g}], p={est.p:.3g})"
+            )
+        elif math.isnan(est.low):
+            text = "too few runs for an interval"
+        else:
+            text = f"not separated at n={est.n} (mean {est.mean:+.4g}, p={est.p:.3g})"
+            if est.needed is not None:
+                text += (
+                    f"; the measured variance would need about {est.needed} seeds per level "
+                    "to separate this difference at 80% power"
+                )
+        out.append(f"- `{e.metric}`, {e.label}{where}: {text}.")
+    return out
+
+
+def _grad_cos(client: Any, groups: Mapping[str, Sequence[Any]]) -> list[list[str]]:  # noqa: ANN401
+    observe = Observations(client)
+    rows = []
+    for label, runs in groups.items():
+        values = [v for v in (observe(r, GRAD_COS) for r in runs) if v is not None]
+        if not values:
+            continue
+        mean, low, high = mean_interval(values)
+        interval = "-" if math.isnan(low) else f"[{low:+.3f}, {high:+.3f}]"
+        rows.append([label, str(len(values)), f"{mean:+.3f}", interval])
+    return rows
