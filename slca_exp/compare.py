@@ -41,6 +41,7 @@ from slca_exp.compare_stats import (
     Observations,
     effects,
     effects_rows,
+    interactions,
     seed_of,
     swept_value,
 )
@@ -56,7 +57,6 @@ EFFECTS_NOTE = "paired t over shared seeds, else Welch; 95% intervals"
 EXIT_OK = 0
 EXIT_REFUSED = 2
 DEFAULT_UI_URL = "http://127.0.0.1:5000"
-"""Keys whose values are averaged over (mean +/- std) rather than shown as separate rows."""
 LOWER_IS_BETTER = ("loss", "failures", "latency_ms", "step_s", "no_call", "zeroed_group_frac")
 """A metric whose name contains one of these is best at its minimum; every other at its maximum."""
 _VOLATILE_PARAMS = ("run_name",)
@@ -352,11 +352,18 @@ def main(argv: Sequence[str]) -> int:
     if found:
         print(f"\ndifferences between two levels, per cell ({EFFECTS_NOTE}):")
         print(format_table(*effects_rows(found)))
+    changes = interactions(
+        selection.runs, selection.swept, metrics, Observations(client), swept_value, seed_of
+    )
+    if changes:
+        print("\nhow a difference changes along a numeric factor (paired t over seeds):")
+        print(format_table(*effects_rows(changes)))
     out = Path(args.out or Path("outputs") / "compare" / _safe(args.target))
     out.mkdir(parents=True, exist_ok=True)
     (out / "table.md").write_text(sweep_runs.markdown_table(header, rows))
-    if found:
-        (out / "differences.md").write_text(sweep_runs.markdown_table(*effects_rows(found)))
+    if found or changes:
+        rows_md = effects_rows([*found, *changes])
+        (out / "differences.md").write_text(sweep_runs.markdown_table(*rows_md))
     plots = write_plots(client, selection, out, smooth=args.smooth)
     plots += write_dose_plots(client, selection, metrics, out)
     for path in plots:
@@ -372,7 +379,7 @@ def main(argv: Sequence[str]) -> int:
             selection,
             _group_labels(selection),
             (header, rows),
-            found,
+            (found, changes),
             plots,
             Path(args.report),
             argv,
@@ -390,7 +397,8 @@ def _parser() -> argparse.ArgumentParser:
         description="A table and plots of a sweep's runs, and a comparability guard. "
         "EXPERIMENT_OR_SWEEP is a sweep id, a sweep's parent run id, or an MLflow experiment "
         "name (all its runs but sweep parents); runs that differ only in seed are one row, "
-        "mean +/- std.",
+        "mean +/- std. For a factor swept over two levels, the difference per cell of the "
+        "other factors: 95% interval, p-value (paired t over shared seeds, else Welch), verdict.",
     )
     parser.add_argument(
         "target", metavar="EXPERIMENT_OR_SWEEP", help="sweep id, parent run id or experiment name"

@@ -132,6 +132,66 @@ def effects(
     return found
 
 
+def interactions(
+    runs: Sequence[Any],
+    swept: Sequence[str],
+    metrics: Sequence[str],
+    observe: Observations,
+    value_of: Any,  # noqa: ANN401 - (run, key) -> str
+    seed_of: Any,  # noqa: ANN401 - run -> str
+) -> list[Effect]:
+    """Whether a two-level factor's difference changes along a numeric factor.
+
+    For a two-level factor (``algorithm``) and a numeric factor (``judge.noise.p``), per seed:
+    the difference ``b - a`` at the numeric factor's highest level minus the one at its lowest,
+    compared by the paired t test over the seeds that ran all four; per cell of any further
+    swept factors. (Is ``slca_grpo - grpo`` larger at ``p=1`` than at ``p=0``?)
+    """
+    keys = [k for k in swept if k not in SEED_KEYS]
+    found = []
+    for factor in keys:
+        values = levels(runs, factor, value_of)
+        if len(values) != 2:
+            continue
+        for along in keys:
+            steps = levels(runs, along, value_of)
+            if along == factor or len(steps) < 2 or any(_number(v) is None for v in steps):
+                continue
+            low, high = steps[0], steps[-1]
+            others = [k for k in keys if k not in (factor, along)]
+            cells: dict[tuple[tuple[str, str], ...], list[Any]] = {}
+            for run in runs:
+                cells.setdefault(tuple((k, value_of(run, k)) for k in others), []).append(run)
+            for cell, members in sorted(cells.items()):
+                for metric in metrics:
+                    seen: dict[tuple[str, str, str], list[float]] = {}
+                    for r in members:
+                        x = observe(r, metric)
+                        if x is not None:
+                            key = (seed_of(r), value_of(r, factor), value_of(r, along))
+                            seen.setdefault(key, []).append(x)
+                    at_low, at_high = [], []
+                    for seed in sorted({k[0] for k in seen}, key=_sort_key):
+                        got = [seen.get((seed, v, s), []) for s in (low, high) for v in values]
+                        if all(len(g) == 1 for g in got):
+                            (a_low,), (b_low,), (a_high,), (b_high,) = got
+                            at_low.append(b_low - a_low)
+                            at_high.append(b_high - a_high)
+                    if not at_low:
+                        continue
+                    diff = f"({values[1]} - {values[0]})"
+                    found.append(
+                        Effect(
+                            factor,
+                            (f"{diff} at {along}={low}", f"{diff} at {along}={high}"),
+                            cell,
+                            metric,
+                            paired(at_low, at_high),
+                        )
+                    )
+    return found
+
+
 def compare_sides(
     a: Sequence[tuple[str, float]], b: Sequence[tuple[str, float]]
 ) -> tuple[Estimate, int]:

@@ -44,7 +44,7 @@ def write_report(
     selection: Any,  # noqa: ANN401 - compare.Selection: label, runs, swept
     groups: Mapping[str, Sequence[Any]],
     table: tuple[Sequence[str], Sequence[Sequence[str]]],
-    found: Sequence[Effect],
+    differences: tuple[Sequence[Effect], Sequence[Effect]],
     plots: Sequence[Path],
     out: Path,
     argv: Sequence[str],
@@ -56,7 +56,8 @@ def write_report(
         selection: the runs compare selected (its ``label``, ``runs`` and ``swept`` keys).
         groups: legend label -> the runs of one group, as compare's table and plots group them.
         table: compare's table (header, rows).
-        found: the differences (:func:`slca_exp.compare_stats.effects`).
+        differences: the differences per cell (:func:`slca_exp.compare_stats.effects`) and how
+            they change along a numeric factor (:func:`slca_exp.compare_stats.interactions`).
         plots: the plots compare wrote; copied beside the report.
         out: the report's path.
         argv: compare's command line, quoted in the report.
@@ -65,6 +66,7 @@ def write_report(
     from slca_exp.tracking.sweep_runs import markdown_table
 
     header, rows = table
+    found, changes = differences
 
     out.parent.mkdir(parents=True, exist_ok=True)
     files = out.parent / f"{out.stem}_files"
@@ -107,6 +109,17 @@ def write_report(
             markdown_table(*effects_rows(found)),
         ]
         lines += _reading(found)
+    if changes:
+        lines += [
+            "",
+            "## Does the difference change along the numeric factor?",
+            "",
+            "Per seed, the difference at the factor's highest level minus the one at its lowest "
+            "(paired t over the seeds that ran all four jobs):",
+            "",
+            markdown_table(*effects_rows(changes)),
+        ]
+        lines += _reading(changes)
     cos = _grad_cos(client, groups)
     if cos:
         lines += ["", "## Gradient conflict", ""]

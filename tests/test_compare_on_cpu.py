@@ -133,6 +133,14 @@ def test_changing_the_judge_in_one_child_makes_strict_refuse(sweep, tmp_path):
     assert "MLflow compare page" in res.stdout
 
 
+def test_a_noisy_judge_in_one_child_is_named_by_strict(sweep, tmp_path):
+    uri, _, _, _ = rerun_job_3(sweep, tmp_path, "judge.noise.kind=gaussian")
+    res = compare(sweep.sweep_id, "--tracking-uri", uri, "--strict", cwd=tmp_path)
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert "runs differ in judge, which was not swept" in res.stderr
+    assert "(differing fields: judge.noise)" in res.stderr
+
+
 def test_unknown_target_store_or_metric_exits_2_with_a_message(sweep, tmp_path):
     res = compare("no-such-sweep", "--tracking-uri", sweep.uri, cwd=tmp_path)
     assert res.returncode == 2 and "Traceback" not in res.stderr

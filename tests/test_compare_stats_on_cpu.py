@@ -147,3 +147,42 @@ def test_a_studys_parent_records_it_and_the_report_states_the_expected_outcome(t
     assert text.startswith("# Study `isolation`")
     assert study_notes("isolation")["expected"] in text
     assert "every job: `experiment=isolation judge.noise.kind=flip seed=0`" in text
+
+
+def test_how_a_difference_changes_along_a_numeric_factor_is_a_paired_t_over_seeds():
+    from types import SimpleNamespace
+
+    from slca_exp.compare_stats import interactions, seed_of, swept_value
+
+    rng = random.Random(3)
+    runs, values = [], {}
+    for algo in ALGOS:
+        for level in ("0.0", "0.5", "1.0"):
+            for seed in range(4):
+                tags = {
+                    "slca.swept.algorithm": algo,
+                    "slca.swept.judge.noise.p": level,
+                    "slca.swept.seed": str(seed),
+                }
+                run = SimpleNamespace(
+                    info=SimpleNamespace(run_id=f"{algo}{level}{seed}"),
+                    data=SimpleNamespace(tags=tags, params={}),
+                )
+                runs.append(run)
+                values[algo, level, seed] = rng.uniform(0.3, 0.6)
+
+    def observe(run, metric):
+        tags = run.data.tags
+        key = tags["slca.swept.algorithm"], tags["slca.swept.judge.noise.p"]
+        return values[(*key, int(tags["slca.swept.seed"]))]
+
+    swept = ["algorithm", "judge.noise.p", "seed"]
+    (found,) = interactions(runs, swept, [METRIC], observe, swept_value, seed_of)
+    low = [values["slca_grpo", "0.0", s] - values["grpo", "0.0", s] for s in range(4)]
+    high = [values["slca_grpo", "1.0", s] - values["grpo", "1.0", s] for s in range(4)]
+    ref = stats.ttest_rel(high, low)
+    assert found.label == (
+        "(slca_grpo - grpo) at judge.noise.p=1.0 - (slca_grpo - grpo) at judge.noise.p=0.0"
+    )
+    assert (found.estimate.n, found.estimate.p) == (4, ref.pvalue)
+    assert found.estimate.low == ref.confidence_interval(0.95).low

@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 DOCS = ROOT / "docs"
 CONF = ROOT / "slca_exp" / "conf"
-PAGES = [README, *sorted(DOCS.glob("*.md"))]
+PAGES = [README, *sorted(DOCS.rglob("*.md"))]
 MAX_README_LINES = 200
 
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")

@@ -127,6 +127,25 @@ def test_a_multi_step_rollout_gets_r_tool_and_r_sum_at_the_ends_of_its_segments(
     assert float(back.summary[0]) == pytest.approx(info[SUMMARY_KEY])
 
 
+def test_the_reward_workers_judge_noise_is_seeded_by_the_run_and_keeps_the_raw_rating(
+    tokenizer, manager, rows
+):
+    config = validate(compose_run(["judge.noise.kind=flip", "judge.noise.p=1.0", "seed=5"]))
+    section = our_section(config)
+    assert section["judge"]["noise"] == {"kind": "flip", "std": 1.0, "p": 1.0, "seed": 5}
+    noisy = [SLCARewardManager(OmegaConf.create({OUR_KEY: section}), tokenizer) for _ in "ab"]
+    changed = 0
+    for row in rows:
+        prompt, response, _ = rollout(tokenizer, row)
+        plain = score(manager, prompt, response, row)["reward_extra_info"]
+        first, again = (score(m, prompt, response, row)["reward_extra_info"] for m in noisy)
+        assert first == again  # another worker, the same draws
+        assert first["slca/judge/raw_rating"] == plain["slca/judge/rating"]
+        assert plain["slca/judge/raw_rating"] == plain["slca/judge/rating"]  # no noise
+        changed += first["slca/judge/rating"] != first["slca/judge/raw_rating"]
+    assert changed > 0
+
+
 def test_a_rollout_with_no_call_carries_only_its_summary(tokenizer, manager, rows):
     row = next(r for r in rows if r["reward_model"]["ground_truth"]["subset_name"] == "irrelevant")
     prompt, response, mask = rollout(tokenizer, row)
