@@ -105,8 +105,8 @@ def ordered_answers(text: str, given: Sequence[Mapping[str, Any]]) -> list[Answe
         )
         if match is None:
             match = next((a for a in left if a.get("name") == call.name), None)
-        if match is None:
-            break
+        if match is None:  # a call verl answered itself (an unknown function): no pairing holds
+            return None
         left.remove(match)
         ordered.append(
             Answer(

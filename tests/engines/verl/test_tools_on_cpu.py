@@ -117,3 +117,27 @@ def test_each_answer_is_counted_in_its_rollouts_fields_for_the_simulator_metrics
     fields = [agent_data.extra_fields, other, {"turn_scores": []}]
     assert simulator_metrics(fields) == {"simulator/requests": 4.0, "simulator/failures": 2.0}
     assert simulator_metrics([{"turn_scores": []}]) == {}
+
+
+def test_recorded_answers_are_paired_with_the_calls_in_the_order_the_response_makes_them():
+    from slca_exp.engines.verl.rollouts import ordered_answers
+
+    def call(name, **arguments):
+        return f"<tool_call>{json.dumps({'name': name, 'arguments': arguments})}</tool_call>"
+
+    def answer(name, content, **arguments):
+        return {
+            "name": name,
+            "arguments": json.dumps(arguments, sort_keys=True),
+            "content": content,
+            "status": "ok",
+            "reason": "",
+            "cached": False,
+        }
+
+    text = call("get_time", city="Oslo") + call("get_weather", city="Rome")
+    finished = [answer("get_weather", "w", city="Rome"), answer("get_time", "t", city="Oslo")]
+    assert [a.content for a in ordered_answers(text, finished)] == ["t", "w"]
+    # a call verl answered itself (an unknown function) has no recorded answer: no pairing
+    unknown = call("search_weather", city="Rome") + call("get_weather", city="Rome")
+    assert ordered_answers(unknown, finished[:1]) is None
