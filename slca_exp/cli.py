@@ -32,7 +32,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import io
-import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -332,20 +331,11 @@ def _train(rest: list[str]) -> int:
 @contextlib.contextmanager
 def _study_named(study: str | None) -> Iterator[None]:
     """``$SLCA_EXP_STUDY`` set to ``study`` while Hydra runs: the sweep's parent run records it."""
+    from slca_exp.core.process import env_set
     from slca_exp.launch.command import STUDY_ENV
 
-    saved = os.environ.get(STUDY_ENV)
-    if study:
-        os.environ[STUDY_ENV] = study
-    else:
-        os.environ.pop(STUDY_ENV, None)
-    try:
+    with env_set(STUDY_ENV, study or None):
         yield
-    finally:
-        if saved is None:
-            os.environ.pop(STUDY_ENV, None)
-        else:
-            os.environ[STUDY_ENV] = saved
 
 
 def _show_cfg(command: _Command, *, probe: bool) -> int:

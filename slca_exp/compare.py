@@ -131,7 +131,10 @@ def find_runs(client: Any, target: str) -> Selection:
 
 
 def table(
-    client: Any, selection: Selection, metrics: Sequence[str]
+    client: Any,
+    selection: Selection,
+    metrics: Sequence[str],
+    observe: Observations | None = None,
 ) -> tuple[list[str], list[list[str]]]:
     """The comparison table: header and rows of text cells.
 
@@ -143,7 +146,7 @@ def table(
     per_run = all(len(g) == 1 for g in groups.values())
     header = (["run"] + ([] if keys else ["name"])) if per_run else ["n", "seeds"]
     header += keys
-    observe = Observations(client)
+    observe = observe or Observations(client)
     for metric in metrics:
         if metric in MEAN_OVER_STEPS:
             header.append(f"{metric} (mean over steps)")
@@ -257,12 +260,11 @@ def write_plots(client: Any, selection: Selection, out: Path, *, smooth: float =
 
 
 def write_dose_plots(
-    client: Any, selection: Selection, metrics: Sequence[str], out: Path
+    selection: Selection, metrics: Sequence[str], observe: Observations, out: Path
 ) -> list[Path]:
     """``dose_<factor>.png`` for every numeric swept factor: each metric against its levels."""
     from slca_exp.compare_stats import dose_response, plot_dose_response
 
-    observe = Observations(client)
     curves = {
         metric: dose_response(selection.runs, selection.swept, metric, observe, swept_value)
         for metric in metrics
@@ -342,19 +344,16 @@ def main(argv: Sequence[str]) -> int:
             )
             return EXIT_REFUSED
         print(f"slca-exp compare: warning: no run logged {metric!r}", file=sys.stderr)
-    header, rows = table(client, selection, metrics)
+    observe = Observations(client)  # one read of each run's metric history
+    header, rows = table(client, selection, metrics, observe)
     swept = ", ".join(selection.swept) or "-"
     print(f"{selection.label}: {plural(len(selection.runs), 'run')}; swept: {swept}")
     print(format_table(header, rows))
-    found = effects(
-        selection.runs, selection.swept, metrics, Observations(client), swept_value, seed_of
-    )
+    found = effects(selection.runs, selection.swept, metrics, observe, swept_value, seed_of)
     if found:
         print(f"\ndifferences between two levels, per cell ({EFFECTS_NOTE}):")
         print(format_table(*effects_rows(found)))
-    changes = interactions(
-        selection.runs, selection.swept, metrics, Observations(client), swept_value, seed_of
-    )
+    changes = interactions(selection.runs, selection.swept, metrics, observe, swept_value, seed_of)
     if changes:
         print("\nhow a difference changes along a numeric factor (paired t over seeds):")
         print(format_table(*effects_rows(changes)))
@@ -365,7 +364,7 @@ def main(argv: Sequence[str]) -> int:
         rows_md = effects_rows([*found, *changes])
         (out / "differences.md").write_text(sweep_runs.markdown_table(*rows_md))
     plots = write_plots(client, selection, out, smooth=args.smooth)
-    plots += write_dose_plots(client, selection, metrics, out)
+    plots += write_dose_plots(selection, metrics, observe, out)
     for path in plots:
         print(f"plot: {path}")
     print(f"table: {out / 'table.md'}")
@@ -375,7 +374,7 @@ def main(argv: Sequence[str]) -> int:
         from slca_exp.report import write_report
 
         report = write_report(
-            client,
+            observe,
             selection,
             _group_labels(selection),
             (header, rows),

@@ -95,6 +95,18 @@ def levels(runs: Sequence[Any], key: str, value_of: Any) -> list[str]:  # noqa: 
     return sorted({value_of(run, key) for run in runs}, key=_sort_key)
 
 
+def cells_of(
+    runs: Sequence[Any],
+    keys: Sequence[str],
+    value_of: Any,  # noqa: ANN401 - (run, key) -> str
+) -> list[tuple[tuple[tuple[str, str], ...], list[Any]]]:
+    """The runs grouped by their values of ``keys``: (cell, runs), cells in sorted order."""
+    cells: dict[tuple[tuple[str, str], ...], list[Any]] = {}
+    for run in runs:
+        cells.setdefault(tuple((k, value_of(run, k)) for k in keys), []).append(run)
+    return sorted(cells.items(), key=lambda item: tuple(_sort_key(v) for _, v in item[0]))
+
+
 def effects(
     runs: Sequence[Any],
     swept: Sequence[str],
@@ -111,12 +123,7 @@ def effects(
         if len(values) != 2:
             continue
         others = [k for k in keys if k != factor]
-        cells: dict[tuple[tuple[str, str], ...], list[Any]] = {}
-        for run in runs:
-            cell = tuple((k, value_of(run, k)) for k in others)
-            cells.setdefault(cell, []).append(run)
-        for cell in sorted(cells, key=lambda c: tuple(_sort_key(v) for _, v in c)):
-            members = cells[cell]
+        for cell, members in cells_of(runs, others, value_of):
             for metric in metrics:
                 sides = [
                     [(seed_of(r), observe(r, metric)) for r in members if value_of(r, factor) == v]
@@ -159,10 +166,7 @@ def interactions(
                 continue
             low, high = steps[0], steps[-1]
             others = [k for k in keys if k not in (factor, along)]
-            cells: dict[tuple[tuple[str, str], ...], list[Any]] = {}
-            for run in runs:
-                cells.setdefault(tuple((k, value_of(run, k)) for k in others), []).append(run)
-            for cell, members in sorted(cells.items()):
+            for cell, members in cells_of(runs, others, value_of):
                 for metric in metrics:
                     seen: dict[tuple[str, str, str], list[float]] = {}
                     for r in members:
@@ -241,22 +245,14 @@ def dose_response(
             continue
         others = [k for k in keys if k != factor]
         lines: dict[str, list[DosePoint]] = {}
-        for run in runs:
-            label = " ".join(f"{k}={value_of(run, k)}" for k in others) or "all runs"
-            lines.setdefault(label, [])
-        for label in sorted(lines):
+        for cell, members in cells_of(runs, others, value_of):
+            points = lines.setdefault(" ".join(f"{k}={v}" for k, v in cell) or "all runs", [])
             for value in values:
-                members = [
-                    r
-                    for r in runs
-                    if value_of(r, factor) == value
-                    and (" ".join(f"{k}={value_of(r, k)}" for k in others) or "all runs") == label
-                ]
-                seen = [observe(r, metric) for r in members]
+                seen = [observe(r, metric) for r in members if value_of(r, factor) == value]
                 present = [x for x in seen if x is not None]
                 if present:
                     mean, low, high = mean_interval(present)
-                    lines[label].append(DosePoint(float(value), mean, low, high, len(present)))
+                    points.append(DosePoint(float(value), mean, low, high, len(present)))
         out[factor] = lines
     return out
 

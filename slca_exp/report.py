@@ -40,7 +40,7 @@ GRAD_COS = names.TRAIN_GRAD_COS
 
 
 def write_report(
-    client: Any,  # noqa: ANN401
+    observe: Observations,
     selection: Any,  # noqa: ANN401 - compare.Selection: label, runs, swept
     groups: Mapping[str, Sequence[Any]],
     table: tuple[Sequence[str], Sequence[Sequence[str]]],
@@ -52,7 +52,7 @@ def write_report(
     """Write the report to ``out`` (and its plots beside it); returns ``out``.
 
     Args:
-        client: an MLflow client on the runs' store.
+        observe: the runs' observations (:class:`~slca_exp.compare_stats.Observations`).
         selection: the runs compare selected (its ``label``, ``runs`` and ``swept`` keys).
         groups: legend label -> the runs of one group, as compare's table and plots group them.
         table: compare's table (header, rows).
@@ -72,7 +72,7 @@ def write_report(
     files = out.parent / f"{out.stem}_files"
     files.mkdir(exist_ok=True)
     runs = selection.runs
-    parent = _parent(client, runs)
+    parent = _parent(observe.client, runs)
     study = parent.data.tags.get(tags.STUDY) if parent is not None else None
     title = f"Study `{study}`" if study else selection.label
     lines = [f"# {title}", ""]
@@ -120,7 +120,7 @@ def write_report(
             markdown_table(*effects_rows(changes)),
         ]
         lines += _reading(changes)
-    cos = _grad_cos(client, groups)
+    cos = _grad_cos(observe, groups)
     if cos:
         lines += ["", "## Gradient conflict", ""]
         lines += [
@@ -226,8 +226,7 @@ def _reading(found: Sequence[Effect]) -> list[str]:
     return out
 
 
-def _grad_cos(client: Any, groups: Mapping[str, Sequence[Any]]) -> list[list[str]]:  # noqa: ANN401
-    observe = Observations(client)
+def _grad_cos(observe: Observations, groups: Mapping[str, Sequence[Any]]) -> list[list[str]]:
     rows = []
     for label, runs in groups.items():
         values = [v for v in (observe(r, GRAD_COS) for r in runs) if v is not None]

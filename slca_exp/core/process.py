@@ -125,3 +125,20 @@ def in_main_thread() -> bool:
     import threading
 
     return threading.current_thread() is threading.main_thread()
+
+
+@contextmanager
+def env_set(key: str, value: str | None) -> Iterator[None]:
+    """``$key`` set to ``value`` (removed when ``None``) for the block, then restored."""
+    saved = os.environ.get(key)
+    if value is None:
+        os.environ.pop(key, None)
+    else:
+        os.environ[key] = value
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = saved

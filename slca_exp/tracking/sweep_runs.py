@@ -7,7 +7,6 @@ defined in ``core/tags.py``.
 from __future__ import annotations
 
 import csv
-import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -15,6 +14,7 @@ from typing import Any
 
 from slca_exp.core import names
 from slca_exp.core.names import METRICS
+from slca_exp.core.process import env_set
 from slca_exp.core.tags import JOB, JOB_STATUS, OVERRIDES, PARENT_RUN
 from slca_exp.recipe import SWEEP_ID_ENV
 from slca_exp.tracking.mlflow import PARENT_RUN_ENV
@@ -41,16 +41,8 @@ FAILED_RUN_STATES = ("FAILED", "KILLED")
 @contextmanager
 def no_progress_bar() -> Iterator[None]:
     """Silence MLflow's artifact download progress bar for the duration of the block."""
-    key = "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"
-    saved = os.environ.get(key)
-    os.environ[key] = "false"
-    try:
+    with env_set("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false"):
         yield
-    finally:
-        if saved is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = saved
 
 
 def split_overrides(overrides: Sequence[str]) -> tuple[dict[str, str], dict[str, str]]:
