@@ -45,7 +45,8 @@ PACKAGES = ("slca-exp", "torch", "verl", "vllm", "mlflow", "wandb")
 """Packages whose installed versions are recorded (None when not installed)."""
 
 PROMPTED = ("judge", "simulator")
-"""The components whose prompt template (or rule) goes to MLflow's prompt registry."""
+"""The components whose prompt template (or rule) goes to MLflow's prompt registry (and, under
+``reward.tool_reward=outcome``, the outcome judge's: ``outcome``, ``outcome_fallback``)."""
 
 SWEEP_ID_ENV = "SLCA_EXP_SWEEP_ID"
 """Set by the sweep callback for every job of a multirun; recorded as the ``slca.sweep`` tag."""
@@ -296,6 +297,20 @@ def _reward(config: RunConfig) -> dict[str, Any]:
         "no_call_penalty": r.no_call_penalty,
         "judge_failure": r.judge_failure,
         "normalize_strings": r.normalize_strings,
+        # Under the outcome reward only, so that a HierR recipe keeps the fingerprint it had.
+        **_outcome(config),
+    }
+
+
+def _outcome(config: RunConfig) -> dict[str, Any]:
+    """``tool_reward`` and the outcome judge's fields, when R_tool is the outcome verdict."""
+    if config.reward.tool_reward == "hierr":
+        return {}
+    from slca_exp.judges import describe_outcome
+
+    return {
+        "tool_reward": config.reward.tool_reward,
+        "outcome": describe_outcome(config.reward, config.judge),
     }
 
 
@@ -374,6 +389,18 @@ def _prompts(
         name = prompt_registry_name(group, described)
         entries[group] = {"name": name, "sha256": sha, "version": None}
         texts[group] = text
+    outcome = components["reward"].get("outcome")
+    if outcome is not None:  # the outcome judge's prompts (or rule), under reward.tool_reward
+        from slca_exp.judges import outcome_prompts
+        from slca_exp.judges.outcome import prompt_name
+
+        shas = {"outcome": "prompt_sha256", "outcome_fallback": "fallback_prompt_sha256"}
+        for role, text in outcome_prompts(config.reward, config.judge).items():
+            sha = outcome.get(shas[role])
+            if hashlib.sha256(text.encode()).hexdigest() != sha:
+                continue
+            entries[role] = {"name": prompt_name(role, outcome), "sha256": sha, "version": None}
+            texts[role] = text
     return entries, texts
 
 

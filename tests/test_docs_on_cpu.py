@@ -92,9 +92,18 @@ def conf_groups() -> dict[str, set[str]]:
 
 
 def conf_defaults() -> dict[str, str]:
-    """The option each group starts from: config.yaml's defaults list, and the CLI's launcher."""
+    """The option each group starts from: config.yaml's defaults list, and the CLI's launcher.
+
+    A group listed with ``null`` (``ablation``) starts from none.
+    """
     defaults = OmegaConf.to_container(OmegaConf.load(CONF / "config.yaml"))["defaults"]
-    chosen = {k: v for entry in defaults if isinstance(entry, dict) for k, v in entry.items()}
+    chosen = {
+        k: v
+        for entry in defaults
+        if isinstance(entry, dict)
+        for k, v in entry.items()
+        if v is not None
+    }
     return {**chosen, "launcher": DEFAULT_LAUNCHER}
 
 

@@ -26,6 +26,8 @@ NAME_HELPERS = {
     "tokens_mean": [(s,) for s in names.SEGMENTS],
     "perf_time": [(p,) for p in names.PHASES],
     "tool_component": [(p,) for p in names.TOOL_COMPONENTS],
+    "val_success": [(k,) for k in names.SUCCESS_THRESHOLDS],
+    "val_tool_success": [(k,) for k in names.SUCCESS_THRESHOLDS],
     "val": [(m,) for m in names.METRICS],
 }
 TAG_HELPERS = {
@@ -155,7 +157,8 @@ def stats(name, value):
     problems = literal_problems(planted, spellings(), "planted.py")
     assert problems == [
         "planted.py:9: 'reward/tool/mean' -> names.REWARD_TOOL_MEAN",
-        'planted.py:9: f"val/{name}" -> names.VAL_SUCCESS or names.val(...)',
+        'planted.py:9: f"val/{name}" -> '
+        "names.VAL_SUCCESS or names.val(...) or names.val_success(...)",
         "planted.py:10: 'slca.sweep' -> tags.SWEEP",
         'planted.py:11: f"slca.swept.{name}" -> tags.swept_tag(...)',
         "planted.py:11: 'mlflow.parentRunId' -> tags.PARENT_RUN",

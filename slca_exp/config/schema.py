@@ -72,6 +72,37 @@ class ToolWeights:
 
 
 @dataclass
+class OutcomeJudgeConfig:
+    """The outcome judge of ``reward.tool_reward=outcome``, which decides whether a task is solved.
+
+    It asks the summary judge's server (``judge.*``: model, endpoint, service, decoding, cache)
+    with prompts of its own, or decides on CPU from the synthetic world's facts.
+    """
+
+    backend: str = param(
+        "auto",
+        "auto (openai when judge.backend asks a server, else facts) | facts (deterministic CPU: "
+        "Solved when the rollout's tool answers hold the facts of the gold calls' answers and "
+        "its final answer states them) | openai (the judge's server, with the prompts below) | "
+        "a plugin's",
+    )
+    prompt: str | None = param(
+        None,
+        "first prompt (question and final answer -> Solved | Unsolved | Unsure): a file, or a "
+        "template shipped in slca_exp/judges/prompts/outcome/; null: exec_outcome_check_v1.txt",
+    )
+    fallback_prompt: str | None = param(
+        None,
+        "asked when the first answer is Unsure, with the tool interactions as well; null: "
+        "exec_outcome_fallback_v1.txt",
+    )
+    prompt_version: str | None = param(None, "prompt version recorded with the run")
+    min_answer_chars: int = param(
+        10, "a final answer shorter than this is Unsolved without asking (0: off)", ge=0
+    )
+
+
+@dataclass
 class RewardConfig:
     """HierR rewards (recorded component 2 of 5)."""
 
@@ -93,6 +124,15 @@ class RewardConfig:
         choices=("absent", "zero", "stop"),
     )
     normalize_strings: bool = param(False, "BFCL-style string normalisation (strict variant)")
+    tool_reward: str = param(
+        "hierr",
+        "what R_tool is: hierr (the tool process score above) | outcome (the outcome judge's "
+        "verdict, 1 Solved else 0; HierR's parts are still computed and logged)",
+        choices=("hierr", "outcome"),
+    )
+    outcome: OutcomeJudgeConfig = param(
+        default_factory=OutcomeJudgeConfig, help="the outcome judge (tool_reward=outcome)"
+    )
 
 
 @dataclass

@@ -25,6 +25,12 @@ REWARD_SUMMARY_MEAN: Final = "reward/summary/mean"
 REWARD_SUMMARY_STD: Final = "reward/summary/std"
 REWARD_TOTAL_MEAN: Final = "reward/total/mean"
 REWARD_NO_CALL_FRAC: Final = "reward/no_call/frac"
+REWARD_TOOL_HIERR_MEAN: Final = "reward/tool/hierr/mean"
+REWARD_OUTCOME_SOLVED_FRAC: Final = "reward/outcome/solved_frac"
+OUTCOME_REQUESTS: Final = "outcome/requests"
+OUTCOME_FAILURES: Final = "outcome/failures"
+OUTCOME_FALLBACK_FRAC: Final = "outcome/fallback_frac"
+OUTCOME_CACHE_HIT_FRAC: Final = "outcome/cache_hit_frac"
 JUDGE_REQUESTS: Final = "judge/requests"
 JUDGE_FAILURES: Final = "judge/failures"
 JUDGE_CACHE_HIT_FRAC: Final = "judge/cache_hit_frac"
@@ -50,12 +56,26 @@ SFT_LOSS: Final = "sft/loss"
 SFT_SKIPPED_BATCHES: Final = "sft/skipped_batches"
 VAL_PREFIX: Final = "val/"
 """``val/<name>``: metric ``<name>`` on the validation split (:func:`val`)."""
+SUCCESS_THRESHOLDS: Final[tuple[float, ...]] = (0.7, 0.8, 0.9, 1.0)
+"""The paper's success@k thresholds."""
 VAL_SUCCESS: Final = "val/success@0.9"
 
 
 def val(name: str) -> str:
     """``val/{name}``: the same metric on the validation split."""
     return VAL_PREFIX + name
+
+
+def val_success(threshold: float) -> str:
+    """``val/success@{k}``: validation rows whose normalised total score is at least k."""
+    _check(threshold, SUCCESS_THRESHOLDS, "success threshold")
+    return f"val/success@{threshold:g}" if threshold < 1 else "val/success@1.0"
+
+
+def val_tool_success(threshold: float) -> str:
+    """``val/tool_success@{k}``: validation rows whose HierR tool process score is at least k."""
+    _check(threshold, SUCCESS_THRESHOLDS, "success threshold")
+    return f"val/tool_success@{threshold:g}" if threshold < 1 else "val/tool_success@1.0"
 
 
 def tool_component(part: str) -> str:
@@ -95,7 +115,7 @@ def perf_time(phase: str) -> str:
     return f"perf/time/{phase}"
 
 
-def _check(value: str, allowed: tuple[str, ...], what: str) -> None:
+def _check(value: object, allowed: tuple[object, ...], what: str) -> None:
     if value not in allowed:
         raise ValueError(f"unknown {what} {value!r}; expected one of {', '.join(allowed)}")
 
@@ -110,6 +130,20 @@ def _catalogue() -> dict[str, str]:
             "mean total score (w_process * tool + w_summary * summary, or the penalty)"
         ),
         REWARD_NO_CALL_FRAC: "fraction of rollouts that needed a tool call and made none",
+        REWARD_TOOL_HIERR_MEAN: (
+            "mean HierR tool process score (gold matching); the same as reward/tool/mean "
+            "unless reward.tool_reward=outcome, where it is logged only, for comparison"
+        ),
+        REWARD_OUTCOME_SOLVED_FRAC: (
+            "fraction of the rollouts the outcome judge decided that it judged Solved "
+            "(reward.tool_reward=outcome; a short answer counts as Unsolved)"
+        ),
+        OUTCOME_REQUESTS: "rollouts the outcome judge was asked about (not decided by a rule)",
+        OUTCOME_FAILURES: "outcome judge calls that failed after retries (their R_tool is absent)",
+        OUTCOME_FALLBACK_FRAC: (
+            "fraction of outcome judge requests answered Unsure first, so asked the fallback prompt"
+        ),
+        OUTCOME_CACHE_HIT_FRAC: "fraction of outcome judge requests answered from the cache",
     }
     for part in TOOL_COMPONENTS:
         m[tool_component(part)] = f"mean of the '{part}' component of the tool process score"
@@ -175,9 +209,18 @@ def _catalogue() -> dict[str, str]:
                 "seconds spent logging a logged step's rollouts (traces, table, credit view; "
                 "tracking.rollouts), at the steps that log them; not in perf/step_s"
             ),
-            VAL_SUCCESS: "fraction of validation rows whose normalised total score is >= 0.9",
         }
     )
+    for k in SUCCESS_THRESHOLDS:
+        m[val_success(k)] = (
+            f"fraction of validation rows whose normalised total score, (w_process * R_tool + "
+            f"w_summary * R_sum) / (w_process + w_summary), is >= {k:g} (the paper's success@k)"
+        )
+    for k in SUCCESS_THRESHOLDS:
+        m[val_tool_success(k)] = (
+            f"fraction of validation rows whose HierR tool process score (gold matching, logged "
+            f"under every reward.tool_reward) is >= {k:g}"
+        )
     phase_doc = {
         "generate": "generation of assistant turns",
         "simulate": "the simulator answering tool calls",

@@ -26,6 +26,12 @@ from slca_exp.judges.base import (
 )
 from slca_exp.judges.llm import OpenAIJudge, parse_rating
 from slca_exp.judges.noise import NoisyJudge, noise_fields
+from slca_exp.judges.outcome import (
+    OUTCOME_JUDGES,
+    OutcomeJudgeBase,
+    outcome_backend,
+    parse_verdict,
+)
 from slca_exp.judges.rubric import RUBRIC_VERSION, RubricJudge
 from slca_exp.registry import Registry
 
@@ -67,12 +73,48 @@ def describe_judge(cfg: Any) -> dict[str, Any]:  # noqa: ANN401
     return fields if noise is None else {**fields, "noise": noise}
 
 
+def outcome_judge_class(reward: Any, judge: Any) -> type[OutcomeJudgeBase]:  # noqa: ANN401
+    """The outcome judge backend the configs pick (``auto``: openai beside a served judge).
+
+    Raises:
+        UnknownNameError: no outcome judge is registered under that name.
+
+    """
+    remote = judge.backend in JUDGES and bool(JUDGES.get(judge.backend).remote)
+    return OUTCOME_JUDGES.get(outcome_backend(reward.outcome, remote))
+
+
+def build_outcome_judge(reward: Any, judge: Any) -> OutcomeJudgeBase | None:  # noqa: ANN401
+    """The outcome judge of ``reward.tool_reward=outcome`` (``None`` under ``hierr``).
+
+    It asks the summary judge's server (``judge``) when its backend asks one.
+    """
+    if reward.tool_reward != "outcome":
+        return None
+    return outcome_judge_class(reward, judge)(reward.outcome, judge)
+
+
+def describe_outcome(reward: Any, judge: Any) -> dict[str, Any] | None:  # noqa: ANN401
+    """The recipe fields of the outcome judge (``None`` under ``hierr``; no network)."""
+    if reward.tool_reward != "outcome":
+        return None
+    return outcome_judge_class(reward, judge).describe_config(reward.outcome, judge)
+
+
+def outcome_prompts(reward: Any, judge: Any) -> dict[str, str]:  # noqa: ANN401
+    """Role -> the outcome judge's texts for the prompt registry (``{}`` under ``hierr``)."""
+    if reward.tool_reward != "outcome":
+        return {}
+    return outcome_judge_class(reward, judge).prompt_texts(reward.outcome, judge)
+
+
 def _noise(cfg: Any) -> Any:  # noqa: ANN401 - a judge.noise config, or None (a plugin's config)
     return cfg.get("noise") if hasattr(cfg, "get") else getattr(cfg, "noise", None)
 
 
 __all__ = [
     "JUDGES",
+    "OUTCOME_JUDGES",
     "LABELS",
     "RUBRIC_VERSION",
     "Judge",
@@ -84,6 +126,11 @@ __all__ = [
     "RubricJudge",
     "batch_stats",
     "build_judge",
+    "build_outcome_judge",
     "describe_judge",
+    "describe_outcome",
+    "outcome_judge_class",
+    "outcome_prompts",
     "parse_rating",
+    "parse_verdict",
 ]

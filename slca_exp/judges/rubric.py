@@ -182,6 +182,43 @@ def _facts(response: str) -> list[float | tuple[str, ...]]:
     return facts
 
 
+Fact = float | tuple[str, ...]
+"""A fact of a tool response (rule 2): a number, or a phrase as a tuple of words."""
+
+
+def response_facts(response: str) -> list[Fact]:
+    """The facts of one tool response (rule 2), in document order, repeats included.
+
+    >>> response_facts('{"city": "Paris", "temp_c": 21.4, "ok": true}')
+    [('paris',), 21.4]
+
+    """
+    return _facts(response)
+
+
+class Statement:
+    """What a text states, as rule 3 reads it: its numbers (at the decimals written) and words.
+
+    >>> said = Statement("It is 21 degrees in Paris.")
+    >>> said.states(21.37), said.states(("paris",)), said.states(22.0)
+    (True, True, False)
+
+    """
+
+    __slots__ = ("forms", "words")
+
+    def __init__(self, text: str) -> None:
+        parsed = _Text(text)
+        self.forms = {(d, s) for d, s, _ in parsed.numbers}
+        self.words = parsed.words
+
+    def states(self, fact: Fact) -> bool:
+        """Whether the text states ``fact``: a number written to any precision, or every word."""
+        if isinstance(fact, tuple):
+            return all(w in self.words for w in fact)
+        return not self.forms.isdisjoint(_forms(fact))
+
+
 def rubric_components(view: JudgeView) -> dict[str, float]:
     """The rule's components for one rollout: coverage, faithfulness, length, repetition, s.
 

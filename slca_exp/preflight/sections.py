@@ -47,6 +47,59 @@ def _check_reward(reward: DictConfig) -> list[Problem]:
     return []
 
 
+def outcome_problems(cfg: DictConfig) -> list[Problem]:
+    """The outcome judge's checks (``reward.tool_reward=outcome``), across reward and judge.
+
+    Its backend must be registered (or ``auto``); one that asks a server asks the summary
+    judge's, so ``judge.backend`` must ask one too; its prompt files must exist.
+    """
+    reward = cfg.get("reward")
+    if reward is None or reward.get("tool_reward") != "outcome" or "outcome" not in reward:
+        return []
+    from slca_exp.judges.outcome import OUTCOME_JUDGES, PROMPT_GROUP, outcome_backend
+    from slca_exp.services.prompts import resolve_prompt, shipped_prompts
+
+    outcome, judge = reward.outcome, cfg.get("judge")
+    judge_backend = str(judge.backend) if judge is not None else ""
+    judge_remote = is_remote("judge", judge_backend)
+    backend = outcome_backend(outcome, judge_remote)
+    problems = []
+    if backend not in OUTCOME_JUDGES:
+        problems.append(
+            Problem(
+                "reward.outcome.backend",
+                OUTCOME_JUDGES.unknown_message(backend),
+                f"use auto or any of: {', '.join(OUTCOME_JUDGES.names())}; a plugin module "
+                "named in $SLCA_EXP_PLUGINS adds its own "
+                "(slca_exp.judges.outcome.OUTCOME_JUDGES.register)",
+            )
+        )
+    elif OUTCOME_JUDGES.get(backend).remote and not judge_remote:
+        problems.append(
+            Problem(
+                "reward.outcome.backend",
+                f"{backend} asks the summary judge's server, and judge.backend={judge_backend} "
+                "asks none",
+                "serve the judge (judge=openai with judge.model and judge.base_url, or "
+                "judge.service=<name>): both judges then ask it; or use "
+                "reward.outcome.backend=facts (CPU, rows that record their gold answers)",
+            )
+        )
+    for key in ("prompt", "fallback_prompt"):
+        given = outcome.get(key)
+        if given and resolve_prompt(str(given), PROMPT_GROUP) is None:
+            shipped = ", ".join(shipped_prompts(PROMPT_GROUP))
+            problems.append(
+                Problem(
+                    f"reward.outcome.{key}",
+                    f"no prompt template {given!r}: neither a file nor a template shipped in "
+                    "slca_exp/judges/prompts/outcome/",
+                    f"give the path of a template file, or one of: {shipped}",
+                )
+            )
+    return problems
+
+
 SERVICES = ("judge", "simulator")
 """The config groups of the frozen models a run asks; each names its backend in a registry."""
 

@@ -23,7 +23,7 @@ from slca_exp.config.schema import EngineConfig, RunConfig
 from slca_exp.config.weights import normalized_tool_weights
 from slca_exp.core.problems import ConfigError, Problem
 from slca_exp.preflight.keys import walk
-from slca_exp.preflight.sections import CROSS_CHECKS, unregistered_names
+from slca_exp.preflight.sections import CROSS_CHECKS, outcome_problems, unregistered_names
 
 
 def problems_of(cfg: DictConfig) -> list[Problem]:
@@ -36,6 +36,8 @@ def problems_of(cfg: DictConfig) -> list[Problem]:
     for section, check in CROSS_CHECKS.items():
         if section not in broken and section in cfg:
             problems.extend(check(cfg[section]))
+    if not broken & {"reward", "judge"}:
+        problems.extend(outcome_problems(cfg))
     if not broken & {"engine", "algorithm"} and "engine" in cfg and "algorithm" in cfg:
         problems.extend(engine.problems(cfg))
     return problems

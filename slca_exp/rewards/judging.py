@@ -107,3 +107,94 @@ class Judge(Protocol):
     def __enter__(self) -> Judge: ...
 
     def __exit__(self, *exc: object) -> None: ...
+
+
+VERDICTS: tuple[str, ...] = ("Solved", "Unsolved", "Unsure")
+"""An outcome judge's answers; only ``Solved`` scores 1."""
+
+
+@dataclass(frozen=True)
+class OutcomeRequest:
+    """One rollout whose outcome to judge (``reward.tool_reward=outcome``).
+
+    Attributes:
+        question: the user's question.
+        response_text: the full decoded rollout (tool calls, tool responses, final answer).
+        gold_answers: the contents of the row's recorded answers to its gold calls, in order
+            (``extra_info.tool_responses``; empty when the row records none). Only a judge that
+            decides from facts reads them.
+        needs_call: the row's gold makes at least one call.
+
+    """
+
+    question: str
+    response_text: str
+    gold_answers: tuple[str, ...] = ()
+    needs_call: bool = True
+
+
+@dataclass(frozen=True)
+class OutcomeResult:
+    """An outcome judge's verdict on one rollout: R_tool under the outcome reward.
+
+    Attributes:
+        verdict: ``Solved`` | ``Unsolved`` | ``Unsure`` (the last answer given), or ``None`` when
+            the judge failed.
+        score: 1.0 for ``Solved``, 0.0 for anything else, NaN when the judge failed (absent:
+            never a score).
+        status: ``ok`` | ``short_circuit`` (a rule decided without asking) | ``failed``.
+        reason: which rule, or why it failed ("" when ok).
+        fallback: the fallback prompt was asked (the first answer was ``Unsure``).
+        cached: every answer it needed came from the persistent cache.
+        latency_ms: time spent on the server (0 for cache hits and rules).
+
+    """
+
+    verdict: str | None
+    score: float
+    status: str
+    reason: str = ""
+    fallback: bool = False
+    cached: bool = False
+    latency_ms: float = 0.0
+
+    @classmethod
+    def decided(
+        cls, verdict: str, *, fallback: bool = False, cached: bool = False, latency_ms: float = 0.0
+    ) -> OutcomeResult:
+        """An ``ok`` result for ``verdict`` (one of :data:`VERDICTS`)."""
+        if verdict not in VERDICTS:
+            raise ValueError(f"unknown verdict {verdict!r}; expected one of {', '.join(VERDICTS)}")
+        score = 1.0 if verdict == "Solved" else 0.0
+        return cls(verdict, score, "ok", "", fallback, cached, latency_ms)
+
+    @classmethod
+    def short_circuit(cls, reason: str) -> OutcomeResult:
+        """``Unsolved`` by a rule, without asking the judge."""
+        return cls("Unsolved", 0.0, "short_circuit", reason)
+
+    @classmethod
+    def failed(
+        cls, reason: str, *, fallback: bool = False, latency_ms: float = 0.0
+    ) -> OutcomeResult:
+        """A rollout the judge could not decide (score NaN: absent)."""
+        return cls(None, math.nan, "failed", reason, fallback, False, latency_ms)
+
+
+@runtime_checkable
+class OutcomeJudge(Protocol):
+    """What every outcome judge provides; build one with ``slca_exp.judges.build_outcome_judge``."""
+
+    name: str
+
+    def score(self, batch: Sequence[OutcomeRequest]) -> list[OutcomeResult]:
+        """Decide a batch, blocking; results in request order, failures never raised."""
+        ...
+
+    def describe(self) -> dict[str, Any]:
+        """The recipe fields of this judge (backend, model, prompts and their hashes, ...)."""
+        ...
+
+    def close(self) -> None:
+        """Release connections and files (idempotent)."""
+        ...

@@ -20,6 +20,7 @@ import torch
 from slca_exp.core import names
 from slca_exp.estimators.base import RolloutScores
 from slca_exp.rewards.hierr import COMPONENTS, ToolReward
+from slca_exp.rewards.judging import OutcomeResult
 from slca_exp.rewards.summary import SummaryReward
 
 
@@ -95,25 +96,87 @@ def route_batch(
 
 
 def reward_stats(
-    tools: Sequence[ToolReward], summaries: Sequence[SummaryReward], scores: RolloutScores
+    tools: Sequence[ToolReward],
+    summaries: Sequence[SummaryReward],
+    scores: RolloutScores,
+    *,
+    hierr: Sequence[ToolReward] | None = None,
 ) -> dict[str, float]:
     """The ``reward/*`` metrics of a batch (names from :mod:`slca_exp.core.names`).
 
-    Tool statistics are over the raw process scores (penalties included), each component's mean
-    over the rollouts where it was judged (NaN left out); summary statistics over the rollouts the
-    judge scored (NaN left out); the total mean over scored rollouts.
+    Tool statistics are over R_tool as the objective got it (penalties included; an absent one,
+    NaN, left out), each component's mean over the rollouts where it was judged (NaN left out);
+    summary statistics over the rollouts the judge scored (NaN left out); the total mean over
+    scored rollouts. ``hierr``: the tool process rewards when R_tool is something else (the
+    outcome reward); their mean is ``reward/tool/hierr/mean`` (``tools``' own otherwise).
     """
     stats: dict[str, float] = {}
-    tool_scores = [t.score for t in tools]
+    tool_scores = [t.score for t in tools if math.isfinite(t.score)]
     stats[names.REWARD_TOOL_MEAN], stats[names.REWARD_TOOL_STD] = _mean_std(tool_scores)
+    matched = tools if hierr is None else hierr
+    stats[names.REWARD_TOOL_HIERR_MEAN] = _mean_std([t.score for t in matched])[0]
     for part in COMPONENTS:
-        judged = [t.components[part] for t in tools if not math.isnan(t.components[part])]
+        judged = [t.components[part] for t in matched if not math.isnan(t.components[part])]
         stats[names.tool_component(part)] = _mean_std(judged)[0]
     summary_scores = [s.score for s in summaries if math.isfinite(s.score)]
     stats[names.REWARD_SUMMARY_MEAN], stats[names.REWARD_SUMMARY_STD] = _mean_std(summary_scores)
     totals = [float(x) for x in torch.as_tensor(scores.total).tolist() if math.isfinite(x)]
     stats[names.REWARD_TOTAL_MEAN] = _mean_std(totals)[0]
     stats[names.REWARD_NO_CALL_FRAC] = _mean_std([float(t.should_no_call) for t in tools])[0]
+    return stats
+
+
+def outcome_stats(results: Sequence[OutcomeResult | None]) -> dict[str, float]:
+    """The outcome judge's metrics of a batch (``reward.tool_reward=outcome``).
+
+    ``reward/outcome/solved_frac`` over the rollouts it decided (a rule's Unsolved included,
+    failures and rollouts it was not asked about left out; absent when there are none);
+    ``outcome/requests``, ``outcome/failures`` (counts), and ``outcome/fallback_frac`` and
+    ``outcome/cache_hit_frac`` over the requests (the rollouts a rule did not decide).
+    """
+    asked = [r for r in results if r is not None]
+    decided = [r for r in asked if r.status != "failed"]
+    requests = [r for r in asked if r.status != "short_circuit"]
+    stats = {
+        names.OUTCOME_REQUESTS: float(len(requests)),
+        names.OUTCOME_FAILURES: float(sum(r.status == "failed" for r in asked)),
+        names.OUTCOME_FALLBACK_FRAC: _mean_std([float(r.fallback) for r in requests])[0],
+        names.OUTCOME_CACHE_HIT_FRAC: _mean_std([float(r.cached) for r in requests])[0],
+    }
+    if decided:
+        stats[names.REWARD_OUTCOME_SOLVED_FRAC] = _mean_std([r.score for r in decided])[0]
+    return {k: (0.0 if math.isnan(v) else v) for k, v in stats.items()}
+
+
+def success_stats(
+    totals: Sequence[float],
+    hierr: Sequence[float],
+    *,
+    process_weight: float = 1.0,
+    summary_weight: float = 1.0,
+) -> dict[str, float]:
+    """The paper's success@k of a validation batch, for k in ``names.SUCCESS_THRESHOLDS``.
+
+    ``val/success@k``: the fraction of rows whose normalised total, total / (w_process +
+    w_summary), is at least k; ``val/tool_success@k``: the fraction whose HierR tool process
+    score is at least k. A score within 1e-9 below k counts (float rounding of sums that are
+    exactly k, as 0.1 + 0.25 + ...); an unscored row (NaN) never does.
+
+    >>> success_stats([2.0, 1.0, float("nan")], [1.0, 0.75, 0.9])["val/success@0.9"]
+    0.3333333333333333
+    >>> success_stats([2.0, 1.0, float("nan")], [1.0, 0.75, 0.9])["val/tool_success@0.9"]
+    0.6666666666666666
+
+    """
+    norm = (process_weight + summary_weight) or 1.0
+    n = max(len(totals), 1)
+    scored = [t / norm for t in totals if math.isfinite(t)]
+    matched = [h for h in hierr if math.isfinite(h)]
+    stats = {}
+    for k in names.SUCCESS_THRESHOLDS:
+        stats[names.val_success(k)] = sum(t >= k - 1e-9 for t in scored) / n
+    for k in names.SUCCESS_THRESHOLDS:
+        stats[names.val_tool_success(k)] = sum(h >= k - 1e-9 for h in matched) / max(len(hierr), 1)
     return stats
 
 

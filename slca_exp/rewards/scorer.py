@@ -1,23 +1,29 @@
 """HierR for a batch of rollouts, configured by the recipe's ``reward`` group.
 
 The one object the engines call: tool process rewards (pure, per rollout), summary rewards (one
-batched judge call), penalty routing, and the ``reward/*`` metrics.
+batched judge call), penalty routing, and the ``reward/*`` metrics. Under
+``reward.tool_reward=outcome`` R_tool is an outcome judge's verdict instead (one batched call);
+the tool process rewards are still computed and logged beside it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from slca_exp.estimators.base import RolloutScores
 from slca_exp.rewards.gold import Gold, read_gold
 from slca_exp.rewards.hierr import HierRWeights, ToolReward, Variant, tool_process_reward
-from slca_exp.rewards.routing import reward_stats, route_batch
+from slca_exp.rewards.judging import OutcomeRequest, OutcomeResult
+from slca_exp.rewards.routing import outcome_stats, reward_stats, route_batch
 from slca_exp.rewards.summary import FailurePolicy, SummaryReward, judge_stats, summary_rewards
 
 if TYPE_CHECKING:
-    from slca_exp.rewards.judging import Judge
+    from slca_exp.rewards.judging import Judge, OutcomeJudge
+
+TOOL_REWARDS = ("hierr", "outcome")
+"""What R_tool is (``reward.tool_reward``)."""
 
 NO_TOOLS = SummaryReward(0.0, None, "short_circuit", "the row allows no tools")
 """The paper variant's summary on a row whose ``allowed_tools`` is empty (no judge asked)."""
@@ -29,9 +35,15 @@ class RewardBatch:
 
     Attributes:
         scores: (B,) routed tool / summary / total scores for the estimators.
-        tool: per rollout tool process rewards.
+        tool: per rollout R_tool before routing: the tool process reward, or under
+            ``tool_reward=outcome`` the same with the outcome verdict's score (NaN: the outcome
+            judge failed, R_tool absent) as its ``score``.
         summary: per rollout summary rewards.
-        stats: the ``reward/*`` and ``judge/*`` metrics.
+        stats: the ``reward/*``, ``judge/*`` (and ``outcome/*``) metrics.
+        hierr: per rollout tool process rewards (gold matching): ``tool`` itself under
+            ``tool_reward=hierr``.
+        outcome: per rollout the outcome judge's result (``None`` where it was not asked: a
+            penalised no-call); empty under ``tool_reward=hierr``.
 
     """
 
@@ -39,6 +51,8 @@ class RewardBatch:
     tool: list[ToolReward]
     summary: list[SummaryReward]
     stats: dict[str, float]
+    hierr: list[ToolReward] = field(default_factory=list)
+    outcome: list[OutcomeResult | None] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -52,6 +66,12 @@ class HierRReward:
     no_call_penalty: float = -0.5
     judge_failure: FailurePolicy = "absent"
     normalize_strings: bool = False
+    tool_reward: str = "hierr"
+
+    def __post_init__(self) -> None:
+        if self.tool_reward not in TOOL_REWARDS:
+            known = ", ".join(TOOL_REWARDS)
+            raise ValueError(f"reward.tool_reward={self.tool_reward!r}; expected one of {known}")
 
     @classmethod
     def from_config(cls, reward: Any) -> HierRReward:  # noqa: ANN401 - RewardConfig or mapping
@@ -68,6 +88,7 @@ class HierRReward:
             no_call_penalty=float(get("no_call_penalty")),
             judge_failure=get("judge_failure"),
             normalize_strings=bool(get("normalize_strings")),
+            tool_reward=str(get("tool_reward") or "hierr"),
         )
 
     def tool(self, response_text: str, ground_truth: Mapping[str, Any] | str | Gold) -> ToolReward:
@@ -86,8 +107,24 @@ class HierRReward:
         responses: Sequence[str],
         ground_truths: Sequence[Mapping[str, Any] | str | Gold],
         judge: Judge,
+        *,
+        outcome: OutcomeJudge | None = None,
+        recorded: Sequence[Sequence[Any]] | None = None,
     ) -> RewardBatch:
-        """Score B rollouts; ``ground_truths[i]`` is rollout i's row ground truth."""
+        """Score B rollouts; ``ground_truths[i]`` is rollout i's row ground truth.
+
+        Args:
+            responses: (B,) decoded rollouts.
+            ground_truths: (B,) their rows' ground truths.
+            judge: the summary judge.
+            outcome: the outcome judge (``tool_reward=outcome``; ignored under ``hierr``).
+            recorded: (B,) each row's recorded answers of its gold calls (``Row.recorded()``),
+                for an outcome judge that decides from facts; ``None``: none recorded.
+
+        Raises:
+            ValueError: lengths differ, or ``tool_reward=outcome`` without an outcome judge.
+
+        """
         if len(responses) != len(ground_truths):
             raise ValueError(f"{len(responses)} responses for {len(ground_truths)} ground truths")
         golds = _read_all(ground_truths)
@@ -111,14 +148,62 @@ class HierRReward:
         summaries = [NO_TOOLS] * len(golds)
         for i, summary in zip(asked, judged, strict=True):
             summaries[i] = summary
+        outcomes: list[OutcomeResult | None] = []
+        objective = tools
+        if self.tool_reward == "outcome":
+            outcomes = self._outcomes(responses, golds, tools, asked, outcome, recorded)
+            objective = [
+                t if o is None else replace(t, score=o.score)
+                for t, o in zip(tools, outcomes, strict=True)
+            ]
         scores = route_batch(
-            tools,
+            objective,
             summaries,
             process_weight=self.process_weight,
             summary_weight=self.summary_weight,
         )
-        stats = reward_stats(tools, summaries, scores) | judge_stats(summaries)
-        return RewardBatch(scores, tools, summaries, stats)
+        stats = reward_stats(objective, summaries, scores, hierr=tools) | judge_stats(summaries)
+        if self.tool_reward == "outcome":
+            stats |= outcome_stats(outcomes)
+        return RewardBatch(scores, objective, summaries, stats, tools, outcomes)
+
+    def _outcomes(
+        self,
+        responses: Sequence[str],
+        golds: Sequence[Gold],
+        tools: Sequence[ToolReward],
+        allowed: Sequence[int],
+        outcome: OutcomeJudge | None,
+        recorded: Sequence[Sequence[Any]] | None,
+    ) -> list[OutcomeResult | None]:
+        """The outcome judge's result per rollout; ``None`` for a penalised no-call."""
+        if outcome is None:
+            raise ValueError(
+                "reward.tool_reward=outcome needs an outcome judge "
+                "(slca_exp.judges.build_outcome_judge)"
+            )
+        if recorded is not None and len(recorded) != len(responses):
+            raise ValueError(f"{len(recorded)} recorded answer lists for {len(responses)} rollouts")
+        # Asked where the judge is asked, except a no-call the penalty already scores.
+        ask = [i for i in allowed if not tools[i].should_no_call]
+        requests = [
+            OutcomeRequest(
+                golds[i].question,
+                responses[i],
+                gold_answers=_contents(recorded[i]) if recorded is not None else (),
+                needs_call=golds[i].needs_call,
+            )
+            for i in ask
+        ]
+        out: list[OutcomeResult | None] = [None] * len(responses)
+        for i, result in zip(ask, outcome.score(requests) if requests else [], strict=True):
+            out[i] = result
+        return out
+
+
+def _contents(answers: Sequence[Any]) -> tuple[str, ...]:
+    """The content of each recorded answer (``{"name", "arguments", "content"}``)."""
+    return tuple(str(a.get("content", "")) if isinstance(a, Mapping) else str(a) for a in answers)
 
 
 def _read_all(ground_truths: Sequence[Mapping[str, Any] | str | Gold]) -> list[Gold]:

@@ -150,8 +150,18 @@ def samples_within_groups(groups: Sequence[Any]) -> list[int]:
     return out
 
 
-def rewards_of(tool: Any, summary: Any, routed: tuple[float, float, float]) -> Rewards:  # noqa: ANN401
-    """Reward parts from a ``ToolReward``, a ``SummaryReward`` and the routed triple."""
+def rewards_of(
+    tool: Any,  # noqa: ANN401 - a ToolReward
+    summary: Any,  # noqa: ANN401 - a SummaryReward
+    routed: tuple[float, float, float],
+    *,
+    hierr: float | None = None,
+    outcome: str | None = None,
+) -> Rewards:
+    """Reward parts from a ``ToolReward``, a ``SummaryReward`` and the routed triple.
+
+    ``hierr`` and ``outcome``: the HierR score and the verdict under the outcome reward.
+    """
     return Rewards(
         tool=float(tool.score),
         components={k: float(v) for k, v in tool.components.items()},
@@ -164,6 +174,8 @@ def rewards_of(tool: Any, summary: Any, routed: tuple[float, float, float]) -> R
         routed_tool=float(routed[0]),
         routed_summary=float(routed[1]),
         total=float(routed[2]),
+        hierr=hierr,
+        outcome=outcome,
     )
 
 

@@ -96,7 +96,8 @@ class Rewards:
     """The reward parts of one rollout.
 
     Attributes:
-        tool: the HierR tool process score (before routing).
+        tool: R_tool before routing: the HierR tool process score, or under
+            ``reward.tool_reward=outcome`` the outcome verdict's score (NaN: the judge failed).
         components: ``format``, ``name``, ``key``, ``value``, ``parallel``.
         summary: the summary score, (rating - 1) / 4; NaN when the judge could not score it.
         rating: the judge's 1-5 rating, or None.
@@ -109,6 +110,10 @@ class Rewards:
             no-call penalty).
         raw_rating: the judge's own rating where ``judge.noise`` perturbed it (``rating`` and
             ``summary`` are then the perturbed ones); else the same as ``rating``.
+        hierr: the HierR tool process score where R_tool is the outcome verdict (logged only);
+            ``None`` under ``reward.tool_reward=hierr`` (it is ``tool`` then).
+        outcome: the outcome judge's verdict (``Solved``, ``Unsolved``, ``Unsure``), or ``None``
+            (not asked, failed, or ``reward.tool_reward=hierr``).
 
     """
 
@@ -123,6 +128,8 @@ class Rewards:
     routed_summary: float
     total: float
     raw_rating: int | None = None
+    hierr: float | None = None
+    outcome: str | None = None
 
 
 @dataclass

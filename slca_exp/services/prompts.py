@@ -18,6 +18,7 @@ PACKAGE_ROOT = Path(__file__).resolve().parent.parent
 PROMPT_DIRS = {
     "judge": PACKAGE_ROOT / "judges" / "prompts",
     "simulator": PACKAGE_ROOT / "simulators" / "prompts",
+    "reward.outcome": PACKAGE_ROOT / "judges" / "prompts" / "outcome",
 }
 """Config group -> the folder holding its shipped templates."""
 
@@ -27,7 +28,7 @@ def resolve_prompt(value: str, group: str) -> Path | None:
 
     Args:
         value: a path (absolute, or relative to the working directory) or a shipped file name.
-        group: ``judge`` or ``simulator`` (selects the shipped folder).
+        group: ``judge``, ``simulator`` or ``reward.outcome`` (selects the shipped folder).
 
     """
     given = Path(value).expanduser()

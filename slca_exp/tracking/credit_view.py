@@ -196,6 +196,8 @@ def _meta(rec: RolloutRecord) -> str:
     if r.raw_rating is not None and r.raw_rating != r.rating:
         summary += f", judge rated {r.raw_rating} (judge.noise)"
     judge = f" · judge {r.judge_status}: {r.judge_reason}" if r.judge_status != "ok" else ""
+    if r.hierr is not None:  # the outcome reward: R_tool is the verdict, HierR only logged
+        judge += f" · outcome {r.outcome or 'n/a'}, HierR {_num(r.hierr, '.2f')}"
     counts = " · ".join(
         f"{seg} {rec.segment_tokens(seg)}"
         for seg in ("tool", "summary", "env", "none")

@@ -55,6 +55,8 @@ def _row(r: RolloutRecord) -> dict[str, Any]:
             "summary_reward": _num(rewards.summary),
             "judge_status": rewards.judge_status,
             "total": _num(rewards.total),
+            "tool_hierr": _num(rewards.hierr),
+            "outcome_verdict": rewards.outcome,
             "tool_advantage": _num(r.tool_adv),
             "summary_advantage": _num(r.summary_adv),
             "turns": sum(1 for t in r.turns if t.role == "assistant"),

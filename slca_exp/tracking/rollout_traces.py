@@ -45,6 +45,7 @@ ROOT_NUMBERS = (
     "slca.reward.routed_tool",
     "slca.reward.routed_summary",
     "slca.reward.total",
+    "slca.reward.hierr",
     "slca.adv.tool",
     "slca.adv.summary",
     "slca.tokens.tool",
@@ -62,13 +63,15 @@ CONDITIONAL = frozenset(
         "slca.reward.summary",
         "slca.reward.routed_summary",
         "slca.reward.total",
+        "slca.reward.hierr",
+        "slca.reward.outcome",
         "slca.judge.reason",
         "slca.cached",
     }
 )
 """Names a span carries only where the value is known (see :data:`ROOT_NUMBERS`)."""
 ROOT_FLAGS = ("slca.ends_on_tool_call", "slca.should_no_call")
-ROOT_TEXT = ("slca.judge.status", "slca.judge.reason")
+ROOT_TEXT = ("slca.judge.status", "slca.judge.reason", "slca.reward.outcome")
 TURN_ATTRIBUTES = ("slca.turn", "slca.segment", "slca.tokens")
 TOOL_ATTRIBUTES = ("slca.turn", SIMULATOR, "slca.status", "slca.cached")
 """A TOOL span's attributes (the simulator under the run tag's name: ``slca.simulator``)."""
@@ -106,6 +109,7 @@ def root_attributes(record: RolloutRecord) -> dict[str, Any]:
         r.routed_tool,
         r.routed_summary,
         r.total,
+        r.hierr,
         record.tool_adv,
         record.summary_adv,
         record.segment_tokens("tool"),
@@ -122,6 +126,8 @@ def root_attributes(record: RolloutRecord) -> dict[str, Any]:
     out[ROOT_TEXT[0]] = r.judge_status
     if r.judge_reason:
         out[ROOT_TEXT[1]] = r.judge_reason
+    if r.outcome is not None:
+        out[ROOT_TEXT[2]] = r.outcome
     return out
 
 

@@ -74,14 +74,16 @@ def logs(tmp_path):
     )
 
 
-def test_a_2x2_sweep_is_one_array_job_with_a_parent_and_four_children(tmp_path):
+def test_a_2x2_study_is_one_array_job_with_a_parent_and_four_children(tmp_path):
+    # sweep=exec_control at a reduced size: {grpo, slca_grpo} x {hierr_paper, exec_outcome},
+    # one seed, the local engine at toy size (the outcome judge's facts rule decides on CPU)
     res = submit(
         tmp_path,
-        "algorithm=grpo,slca_grpo",
-        "reward.tool_weights.parallel=0.1,0.3",
-        "reward.normalize=true",
-        "engine.name=synthetic",
-        env=_env(SLCA_EXP_PLUGINS="tests.tracking.synthetic_plugin", SYNTH_STEPS="3"),
+        "sweep=exec_control",
+        "experiment=smoke",
+        "seed=0",
+        *TINY_LOCAL,
+        "engine.rl.steps=1",
     )
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     ids = job_ids(tmp_path)  # submitit's folders: the array job, then one per element
@@ -93,11 +95,11 @@ def test_a_2x2_sweep_is_one_array_job_with_a_parent_and_four_children(tmp_path):
     assert len(parents) == 1 and parents[0].info.status == "FINISHED"
     assert len(children) == 4 and all(r.info.status == "FINISHED" for r in children)
     assert {r.data.tags["mlflow.parentRunId"] for r in children} == {parents[0].info.run_id}
-    swept = {
-        (r.data.params["algorithm.name"], r.data.params["reward.tool_weights.parallel"])
-        for r in children
-    }
-    assert len(swept) == 4
+    swept = {(r.data.params["algorithm.name"], r.data.params["reward.name"]) for r in children}
+    assert swept == {(a, w) for a in ("grpo", "slca_grpo") for w in ("hierr_paper", "exec_outcome")}
+    assert parents[0].data.tags["slca.study"] == "exec_control"
+    outcome = [r for r in children if r.data.params["reward.name"] == "exec_outcome"]
+    assert all("outcome/requests" in r.data.metrics for r in outcome)
     assert all("adv/tool/mean" in r.data.metrics for r in children)
     # The job ids and logs are named at submission and again in the closing block, each job's
     # train.log holds its slca-exp: lines, and sacct's own complaints stay off the console

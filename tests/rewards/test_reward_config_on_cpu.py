@@ -2,6 +2,7 @@
 
 import pytest
 
+from slca_exp.core.problems import ConfigError
 from slca_exp.preflight.compose import check_overrides, compose_run
 from slca_exp.preflight.validate import validate
 from slca_exp.rewards import HierRReward, HierRWeights
@@ -65,3 +66,38 @@ def test_normalised_weights_are_what_the_reward_uses():
         (1 / 7, 3 / 7, 1 / 7, 1 / 7, 1 / 7)
     )
     assert isinstance(w, HierRWeights)
+
+
+def test_exec_outcome_is_the_outcome_reward_on_the_public_hierr_parts():
+    run = validate(compose_run(["reward=exec_outcome"]))
+    reward = HierRReward.from_config(run.reward)
+    assert (reward.tool_reward, reward.variant, reward.judge_failure) == (
+        "outcome",
+        "paper",
+        "absent",
+    )
+    assert (run.reward.outcome.backend, run.reward.outcome.min_answer_chars) == ("auto", 10)
+    assert HierRReward.from_config(validate(compose_run([])).reward).tool_reward == "hierr"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "key", "says"),
+    [
+        (["reward.outcome.backend=oracle"], "reward.outcome.backend", "oracle"),
+        (["reward.outcome.backend=openai"], "reward.outcome.backend", "judge.backend=rubric"),
+        (["reward.outcome.prompt=nowhere.txt"], "reward.outcome.prompt", "nowhere.txt"),
+        (["reward.outcome.fallback_prompt=gone.txt"], "reward.outcome.fallback_prompt", "gone"),
+        (["reward.outcome.min_answer_chars=-1"], "reward.outcome.min_answer_chars", ""),
+        (["reward.tool_reward=verdict"], "reward.tool_reward", "verdict"),
+    ],
+)
+def test_a_bad_outcome_judge_is_refused_naming_its_key(overrides, key, says):
+    with pytest.raises(ConfigError) as err:
+        validate(compose_run(["reward=exec_outcome", *overrides]))
+    (problem,) = [p for p in err.value.problems if p.key == key]
+    assert says in problem.what and problem.fix
+
+
+def test_the_outcome_judges_checks_apply_only_under_the_outcome_reward():
+    # a HierR run does not ask the outcome judge, so its settings are not checked
+    validate(compose_run(["reward.outcome.backend=openai"]))

@@ -199,3 +199,33 @@ def test_verl_s_final_hf_checkpoint_is_found_when_verl_wrote_one(tmp_path):
     assert final_hf_checkpoint(checkpoints) is None  # verl saved no HF weights
     (hf / "config.json").write_text("{}")
     assert final_hf_checkpoint(checkpoints) == (hf, 12)
+
+
+@pytest.mark.parametrize(
+    ("judge", "roles"), [("openai", {"outcome", "outcome_fallback"}), ("rubric", {"outcome"})]
+)
+def test_the_outcome_judges_prompts_are_registered_and_linked(store, tmp_path, judge, roles):
+    client, experiment, _ = store
+    config = validate(
+        compose_run(
+            [f"tracking.root={tmp_path}", "data.rows=32", "reward=exec_outcome", f"judge={judge}"]
+        )
+    )
+    recipe = build_recipe(config)
+    outcome = recipe.reward["outcome"]
+    assert set(recipe.prompts) == {"judge", "simulator"} | roles
+    assert sha(recipe.prompt_texts["outcome"]) == outcome["prompt_sha256"]
+    if "outcome_fallback" in roles:
+        assert sha(recipe.prompt_texts["outcome_fallback"]) == outcome["fallback_prompt_sha256"]
+        assert recipe.prompts["outcome"]["name"] == "slca-exp.outcome.exec_outcome_check_v1"
+    run = client.create_run(experiment)
+    versions = lineage.record_run_lineage(client, run.info.run_id, experiment, recipe)
+    linked = {p["name"] for p in lineage.linked_prompts(client.get_run(run.info.run_id))}
+    assert {recipe.prompts[role]["name"] for role in roles} <= linked
+    for role in roles:
+        prompt = client.get_prompt_version(recipe.prompts[role]["name"], versions[role])
+        assert prompt.template == recipe.prompt_texts[role]
+    # The HierR recipe of the same run has no outcome judge and keeps its fingerprint.
+    plain = build_recipe(validate(compose_run([f"tracking.root={tmp_path}", "data.rows=32"])))
+    assert "outcome" not in plain.reward and "tool_reward" not in plain.reward
+    assert recipe.fingerprint != plain.fingerprint

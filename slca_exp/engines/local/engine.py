@@ -13,7 +13,6 @@ and trackers of this package), at a size a laptop can afford.
 from __future__ import annotations
 
 import copy
-import math
 import random
 import shutil
 import sys
@@ -49,6 +48,7 @@ from slca_exp.estimators import EstimatorParams, get_estimator
 from slca_exp.estimators.segments import SegmentSplit, split_segments
 from slca_exp.locks import file_lock, lock_path
 from slca_exp.rewards import HierRReward
+from slca_exp.rewards.routing import success_stats
 from slca_exp.rollouts.batch import BatchView, logged_rollouts
 from slca_exp.rollouts.select import due
 from slca_exp.services.outage import ServiceWatch
@@ -122,7 +122,7 @@ class _LocalRun:
     def execute(self) -> RunResult:
         from transformers.utils import logging as hf_logging
 
-        from slca_exp.judges import build_judge
+        from slca_exp.judges import build_judge, build_outcome_judge
         from slca_exp.simulators import build_simulator
 
         hf_logging.disable_progress_bar()  # our own bar reports progress; theirs is noise here
@@ -135,6 +135,7 @@ class _LocalRun:
         self.backbone = data_io.backbone(cfg, self.splits, self.device)
         self.model, self.tok = self.backbone.model, self.backbone.tokenizer
         self.judge = build_judge(cfg.judge, seed=cfg.seed)
+        self.outcome = build_outcome_judge(cfg.reward, cfg.judge)
         self.simulator = build_simulator(cfg.simulator)
         self.reward = HierRReward.from_config(cfg.reward)
         self.estimator = get_estimator(cfg.algorithm.name)
@@ -171,6 +172,8 @@ class _LocalRun:
             raise
         finally:
             self.judge.close()
+            if self.outcome is not None:
+                self.outcome.close()
             self.simulator.close()
         self._record_policy()
         self.state.status = "finished"
@@ -239,7 +242,7 @@ class _LocalRun:
             torch.manual_seed(self.cfg.seed * 1_000_003 + step)
             rolls = self.roller.run(rows, self.cfg.algorithm.group_size, settings)
             t1 = time.perf_counter()
-            scored = self.reward.score(rolls.texts, _truths(rolls), self.judge)
+            scored = self._score(rolls)
             t2 = time.perf_counter()
             packed = rolls.batch(self.roller.pad_id, self.device)
             cut_off = rolls.ends_on_tool_call()
@@ -304,6 +307,16 @@ class _LocalRun:
         save_checkpoint(self.folder, self.model, optimizer, self.state)
         return last
 
+    def _score(self, rolls: Rollouts) -> Any:  # noqa: ANN401 - rewards.scorer.RewardBatch
+        """The rewards of a batch of rollouts (the outcome judge's too, when it has one)."""
+        return self.reward.score(
+            rolls.texts,
+            _truths(rolls),
+            self.judge,
+            outcome=self.outcome,
+            recorded=[Row(row).recorded() for row in rolls.rows],
+        )
+
     def _log_rollouts(self, view: BatchView, step: int, split: str) -> None:
         """Hand the step's logged rollouts to the trackers (``tracking.rollouts``)."""
         log = getattr(self.tracker, "log_rollouts", None)
@@ -357,13 +370,17 @@ class _LocalRun:
             rollout.max_turns, rollout.max_turn_tokens, rollout.max_response_tokens, greedy=True
         )
         rolls = self.roller.run(rows, 1, settings)
-        scored = self.reward.score(rolls.texts, _truths(rolls), self.judge)
-        norm = (self.reward.process_weight + self.reward.summary_weight) or 1.0
-        totals = [float(x) for x in scored.scores.total.tolist()]
-        hits = sum(1 for t in totals if math.isfinite(t) and t / norm >= 0.9)
-        success = hits / max(len(totals), 1)
+        scored = self._score(rolls)
         metrics = {names.val(k): v for k, v in scored.stats.items()}
-        metrics[names.VAL_SUCCESS] = success
+        metrics.update(
+            success_stats(
+                [float(x) for x in scored.scores.total.tolist()],
+                [t.score for t in scored.hierr],
+                process_weight=self.reward.process_weight,
+                summary_weight=self.reward.summary_weight,
+            )
+        )
+        success = metrics[names.VAL_SUCCESS]
         metrics[names.val(names.SEGMENT_CUTOFF_FRAC)] = _fraction(rolls.ends_on_tool_call())
         self.tracker.log_metrics(metrics, step)
         if self.cfg.tracking.rollouts.every and self.cfg.tracking.rollouts.val:

@@ -29,11 +29,14 @@ def batch_view(
     groups = [prompt_id(row, data_split) for row in rolls.rows]
     keys = list(zip(rolls.group, groups, strict=True))  # a prompt drawn twice: two groups
     scores = scored.scores
+    outcome = list(scored.outcome)
     rewards = [
         rewards_of(
             scored.tool[i],
             scored.summary[i],
             (float(scores.tool[i]), float(scores.summary[i]), float(scores.total[i])),
+            hierr=float(scored.hierr[i].score) if outcome else None,
+            outcome=outcome[i].verdict if outcome and outcome[i] is not None else None,
         )
         for i in range(len(rolls))
     ]

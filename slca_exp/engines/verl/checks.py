@@ -355,15 +355,18 @@ def _sft_gpu_checks(cfg: DictConfig) -> list[Problem]:
                 "data.max_token_len_per_gpu",
                 f"dynamic batching packs at most {data.max_token_len_per_gpu * sp} tokens per GPU, "
                 f"below data.max_length={data.max_length}",
-                f"raise it to at least {data.max_length}",
+                f"raise it to at least {data.max_length}, or give fixed micro-batches "
+                "(engine.verl.sft_micro_batch_size_per_gpu)",
             )
         )
-    if trainer.total_training_steps is None or trainer.total_training_steps < 1:
+    steps = trainer.total_training_steps  # null: verl counts the steps of total_epochs itself
+    if (trainer.total_epochs if steps is None else steps) < 1:
         problems.append(
             sft_problem(
                 "trainer.total_training_steps",
                 "verl's SFT trainer needs at least one step (it saves at the last one)",
-                "set engine.sft.steps >= 1, or engine.sft.enabled=false",
+                "set engine.sft.steps >= 1 (with engine.verl.sft_epochs: an SFT split of at least "
+                "one batch), or engine.sft.enabled=false",
             )
         )
     train = Path(str(data.train_files))

@@ -72,6 +72,8 @@ class SegmentCall:
         absent_summary: (B,) bool, rollouts whose summary could not be scored (a judge failure
             under ``reward.judge_failure=absent``): their summary takes no part in the group
             normalisation, as in the local engine; ``None``: none.
+        absent_tool: (B,) bool, rollouts whose R_tool could not be scored (the outcome judge
+            failed under ``reward.tool_reward=outcome``): likewise for their tool segment.
         reported: the reward side's (tool, summary, total) of each rollout, (B,) each: the
             estimator's total is this weighted total (plus the KL of every response token under
             ``use_kl_in_reward``); ``None``: R_tool + R_sum.
@@ -83,6 +85,7 @@ class SegmentCall:
     no_summary: Any = None
     absent_summary: Any = None
     reported: RolloutScores | None = None
+    absent_tool: Any = None
     result: SegmentAdvantages | None = None
     scores: RolloutScores | None = None
 
@@ -100,6 +103,7 @@ def segment_call(
     no_summary: Any = None,  # noqa: ANN401 - array-likes of (B,) bool
     absent_summary: Any = None,  # noqa: ANN401
     reported: RolloutScores | None = None,
+    absent_tool: Any = None,  # noqa: ANN401
 ) -> Iterator[SegmentCall]:
     """Hand the adapter what the batch cannot tell, and collect what it computed.
 
@@ -109,7 +113,12 @@ def segment_call(
     {}
 
     """
-    call = SegmentCall(no_summary=no_summary, absent_summary=absent_summary, reported=reported)
+    call = SegmentCall(
+        no_summary=no_summary,
+        absent_summary=absent_summary,
+        reported=reported,
+        absent_tool=absent_tool,
+    )
     token = _CALL.set(call)
     try:
         yield call
@@ -161,6 +170,8 @@ def verl_estimator(name: str):  # noqa: ANN201 - verl's estimator signature
             scores = _reported_total(scores, split, call.reported, token_level_rewards.dtype, kl)
         if call is not None and call.absent_summary is not None:
             scores = _absent(scores, call.absent_summary)
+        if call is not None and call.absent_tool is not None:
+            scores = _absent(scores, call.absent_tool, segment="tool")
         result = estimator(split, index, scores, _params(config, ours))
         if call is not None:
             call.result, call.scores = result, scores
@@ -198,19 +209,21 @@ def _reported_total(
     return RolloutScores(tool=scores.tool, summary=scores.summary, total=total)
 
 
-def _absent(scores: RolloutScores, rows: Any) -> RolloutScores:  # noqa: ANN401
-    """``scores`` with the summary (and so the total) of ``rows`` NaN: not scored."""
+def _absent(scores: RolloutScores, rows: Any, segment: str = "summary") -> RolloutScores:  # noqa: ANN401
+    """``scores`` with the ``segment`` score (and so the total) of ``rows`` NaN: not scored."""
     absent = torch.as_tensor(np.asarray(rows, dtype=bool)).to(scores.summary.device)
     if absent.shape != scores.summary.shape:
         raise ValueError(
-            f"absent_summary has {tuple(absent.shape)} flags for {scores.summary.shape[0]} rollouts"
+            f"absent_{segment} has {tuple(absent.shape)} flags for {scores.summary.shape[0]} "
+            "rollouts"
         )
     nan = torch.tensor(float("nan"), dtype=scores.summary.dtype, device=absent.device)
-    return RolloutScores(
-        tool=scores.tool,
-        summary=torch.where(absent, nan, scores.summary),
-        total=torch.where(absent, nan, scores.total),
-    )
+    tool, summary = scores.tool, scores.summary
+    if segment == "tool":
+        tool = torch.where(absent, nan, scores.tool)
+    else:
+        summary = torch.where(absent, nan, scores.summary)
+    return RolloutScores(tool=tool, summary=summary, total=torch.where(absent, nan, scores.total))
 
 
 def advantage_stats(

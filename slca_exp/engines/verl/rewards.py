@@ -54,6 +54,8 @@ TOOL_KEY = "slca/tool_score"
 SUMMARY_KEY = "slca/summary_score"
 TOTAL_KEY = "slca/total_score"
 SUMMARY_FAILED_KEY = "slca/summary_failed"
+TOOL_FAILED_KEY = "slca/tool_failed"
+"""1 when R_tool is absent: the outcome judge could not decide (``reward.tool_reward=outcome``)."""
 ENDS_ON_TOOL_KEY = "slca/ends_on_tool"
 """1 when the rollout's last assistant turn is an unanswered tool call (cut off)."""
 NO_SUMMARY_KEY = "slca/no_summary"
@@ -107,12 +109,15 @@ class SLCARewardManager(_RMBase):  # type: ignore[misc, valid-type]
     ) -> None:
         super().__init__(config, tokenizer, compute_score)
         from slca_exp.engines.verl.estimators import mask_rule
-        from slca_exp.judges import build_judge
+        from slca_exp.judges import build_judge, build_outcome_judge
         from slca_exp.rewards import HierRReward
 
         ours = _our_section(config)
-        self.reward = HierRReward.from_config(ours["reward"])
-        self.judge = build_judge(_structured("judge", ours["judge"]))
+        reward = _structured("reward", ours["reward"])
+        judge = _structured("judge", ours["judge"])
+        self.reward = HierRReward.from_config(reward)
+        self.judge = build_judge(judge)
+        self.outcome = build_outcome_judge(reward, judge)
         self.corrected = mask_rule(config.get("algorithm")) == "corrected"
 
     async def run_single(self, data: Any) -> dict[str, Any]:  # noqa: ANN401 - a DataProto
@@ -121,10 +126,14 @@ class SLCARewardManager(_RMBase):  # type: ignore[misc, valid-type]
         responses = item.batch["responses"]
         length = int(item.batch["attention_mask"][-responses.shape[-1] :].sum())
         text = self.tokenizer.decode(responses[:length].tolist(), skip_special_tokens=False)
-        truth = Row(item.non_tensor_batch).truth()  # the row's columns travel with the item
+        row = Row(item.non_tensor_batch)  # the row's columns travel with the item
+        truth, recorded = row.truth(), row.recorded()
         loop = asyncio.get_running_loop()
         scored = await loop.run_in_executor(
-            None, lambda: self.reward.score([text], [truth], self.judge)
+            None,
+            lambda: self.reward.score(
+                [text], [truth], self.judge, outcome=self.outcome, recorded=[recorded]
+            ),
         )
         return _result(scored, ends_on_tool_call(text), corrected=self.corrected)
 
@@ -140,9 +149,11 @@ def _result(scored: Any, ends_on_tool: bool, *, corrected: bool) -> dict[str, An
         SUMMARY_KEY: _finite(summary),
         TOTAL_KEY: _finite(total),
         SUMMARY_FAILED_KEY: int(not math.isfinite(summary)),
+        TOOL_FAILED_KEY: int(not math.isfinite(tool)),
         ENDS_ON_TOOL_KEY: int(ends_on_tool),
         NO_SUMMARY_KEY: int(ends_on_tool and corrected),
-        "slca/tool/score": float(raw_tool.score),
+        "slca/tool/score": float(raw_tool.score),  # NaN: absent (the outcome judge failed)
+        "slca/tool/hierr": float(scored.hierr[0].score if scored.hierr else raw_tool.score),
         "slca/tool/should_no_call": int(raw_tool.should_no_call),
         "slca/judge/score": float(judged.score),  # NaN: absent (failed under `absent`)
         "slca/judge/rating": _rating(judged.rating),
@@ -154,7 +165,30 @@ def _result(scored: Any, ends_on_tool: bool, *, corrected: bool) -> dict[str, An
     }
     for name, value in raw_tool.components.items():
         info[f"slca/tool/{name}"] = float(value)
+    if scored.outcome:  # reward.tool_reward=outcome: the verdict, one scalar per key
+        decided = scored.outcome[0]
+        info.update(
+            {
+                OUTCOME_KEY: -1 if decided is None else _VERDICT_CODE.get(decided.verdict, -1),
+                "slca/outcome/status": "" if decided is None else str(decided.status),
+                "slca/outcome/reason": "" if decided is None else str(decided.reason),
+                "slca/outcome/fallback": int(decided is not None and decided.fallback),
+                "slca/outcome/cached": int(decided is not None and decided.cached),
+                "slca/outcome/latency_ms": 0.0 if decided is None else float(decided.latency_ms),
+            }
+        )
     return {"reward_score": _finite(total), "reward_extra_info": info}
+
+
+OUTCOME_KEY = "slca/outcome/verdict"
+"""The outcome judge's verdict as a number: 1 Solved, 0 Unsolved, 2 Unsure, -1 none."""
+_VERDICT_CODE = {"Solved": 1, "Unsolved": 0, "Unsure": 2, None: -1}
+_VERDICT_NAME = {code: verdict for verdict, code in _VERDICT_CODE.items()}
+
+
+def verdict_of(info: Mapping[str, Any]) -> str | None:
+    """The outcome verdict a ``reward_extra_info`` row holds (``None``: none)."""
+    return _VERDICT_NAME.get(int(info.get(OUTCOME_KEY, -1)))
 
 
 def _rating(value: int | None) -> int:
@@ -177,46 +211,79 @@ def batch_infos(extra_fields: Sequence[Any]) -> list[Mapping[str, Any]]:
 
 
 def reward_metrics(infos: Sequence[Mapping[str, Any]]) -> dict[str, float]:
-    """The ``reward/*`` and ``judge/*`` metrics of a batch, from its ``reward_extra_info`` rows.
+    """The ``reward/*``, ``judge/*`` (and ``outcome/*``) metrics of a batch.
 
-    The same numbers the local engine logs (``slca_exp.rewards.routing.reward_stats`` and
-    ``slca_exp.rewards.summary.judge_stats``), rebuilt from what :class:`SLCARewardManager`
-    wrote for each rollout. Rows without our keys (another reward manager) are skipped.
+    The same numbers the local engine logs (``slca_exp.rewards.routing.reward_stats``,
+    ``outcome_stats`` and ``slca_exp.rewards.summary.judge_stats``), rebuilt from what
+    :class:`SLCARewardManager` wrote for each rollout. Rows without our keys (another reward
+    manager) are skipped.
     """
     from slca_exp.estimators import RolloutScores
-    from slca_exp.rewards.hierr import COMPONENTS, ToolReward
-    from slca_exp.rewards.routing import reward_stats
-    from slca_exp.rewards.summary import SummaryReward, judge_stats
+    from slca_exp.rewards.routing import outcome_stats, reward_stats
+    from slca_exp.rewards.summary import judge_stats
 
     rows = [info for info in infos if info and TOOL_KEY in info]
     if not rows:
         return {}
-    tools = [
-        ToolReward(
-            score=float(r["slca/tool/score"]),
-            components={part: float(r[f"slca/tool/{part}"]) for part in COMPONENTS},
-            should_no_call=int(r["slca/tool/should_no_call"]),
-        )
-        for r in rows
-    ]
-    summaries = [
-        SummaryReward(
-            score=float(r["slca/judge/score"]),
-            rating=_read_rating(r, "slca/judge/rating"),
-            raw_rating=_read_rating(r, "slca/judge/raw_rating"),
-            status=str(r["slca/judge_status"]),
-            cached=bool(r["slca/judge/cached"]),
-            latency_ms=float(r["slca/judge/latency_ms"]),
-        )
-        for r in rows
-    ]
+    tools, hierr = tool_rewards(rows)
+    summaries = [_summary(r) for r in rows]
     totals = [
-        math.nan if r[SUMMARY_FAILED_KEY] and not r[NO_SUMMARY_KEY] else float(r[TOTAL_KEY])
+        math.nan
+        if (r[SUMMARY_FAILED_KEY] and not r[NO_SUMMARY_KEY]) or r.get(TOOL_FAILED_KEY)
+        else float(r[TOTAL_KEY])
         for r in rows
     ]
     scores = RolloutScores(tool=[], summary=[], total=torch.tensor(totals))
-    stats = reward_stats(tools, summaries, scores) | judge_stats(summaries)
+    stats = reward_stats(tools, summaries, scores, hierr=hierr) | judge_stats(summaries)
+    if all(OUTCOME_KEY in r for r in rows):
+        stats |= outcome_stats([_outcome(r) for r in rows])
     return {key: value for key, value in stats.items() if math.isfinite(value)}
+
+
+def tool_rewards(rows: Sequence[Mapping[str, Any]]) -> tuple[list[Any], list[Any]]:
+    """Each row's R_tool and its HierR tool process reward, as ``ToolReward`` objects."""
+    from slca_exp.rewards.hierr import COMPONENTS, ToolReward
+
+    tools, hierr = [], []
+    for r in rows:
+        components = {part: float(r[f"slca/tool/{part}"]) for part in COMPONENTS}
+        no_call = int(r["slca/tool/should_no_call"])
+        score = float(r["slca/tool/score"])
+        tools.append(ToolReward(score=score, components=components, should_no_call=no_call))
+        matched = float(r.get("slca/tool/hierr", score))
+        hierr.append(ToolReward(score=matched, components=components, should_no_call=no_call))
+    return tools, hierr
+
+
+def _summary(r: Mapping[str, Any]) -> Any:  # noqa: ANN401 - a SummaryReward
+    from slca_exp.rewards.summary import SummaryReward
+
+    return SummaryReward(
+        score=float(r["slca/judge/score"]),
+        rating=_read_rating(r, "slca/judge/rating"),
+        raw_rating=_read_rating(r, "slca/judge/raw_rating"),
+        status=str(r["slca/judge_status"]),
+        cached=bool(r["slca/judge/cached"]),
+        latency_ms=float(r["slca/judge/latency_ms"]),
+    )
+
+
+def _outcome(r: Mapping[str, Any]) -> Any:  # noqa: ANN401 - an OutcomeResult or None
+    from slca_exp.rewards.judging import OutcomeResult
+
+    status = str(r.get("slca/outcome/status", ""))
+    if not status:
+        return None  # not asked (a penalised no-call)
+    verdict = verdict_of(r)
+    return OutcomeResult(
+        verdict=verdict,
+        score=math.nan if verdict is None else float(verdict == "Solved"),
+        status=status,
+        reason=str(r.get("slca/outcome/reason", "")),
+        fallback=bool(r.get("slca/outcome/fallback", 0)),
+        cached=bool(r.get("slca/outcome/cached", 0)),
+        latency_ms=float(r.get("slca/outcome/latency_ms", 0.0)),
+    )
 
 
 def _our_section(config: Any) -> Mapping[str, Any]:  # noqa: ANN401
@@ -230,10 +297,10 @@ def _our_section(config: Any) -> Mapping[str, Any]:  # noqa: ANN401
 
 
 def _structured(group: str, values: Any) -> Any:  # noqa: ANN401
-    """Our dataclass config of ``group`` (``judge``) from a plain mapping."""
-    from slca_exp.config.schema import JudgeConfig
+    """Our dataclass config of ``group`` (``judge``, ``reward``) from a plain mapping."""
+    from slca_exp.config.schema import JudgeConfig, RewardConfig
 
-    schema = {"judge": JudgeConfig}[group]
+    schema = {"judge": JudgeConfig, "reward": RewardConfig}[group]
     plain = OmegaConf.to_container(values, resolve=True) if OmegaConf.is_config(values) else values
     return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), plain))
 

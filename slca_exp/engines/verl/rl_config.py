@@ -73,11 +73,21 @@ FIELD_KEYS: dict[str, tuple[str, ...]] = {
     ),
     "max_prompt_length": ("data.max_prompt_length",),
     "max_response_length": ("data.max_response_length",),
+    "filter_overlong_prompts": ("data.filter_overlong_prompts",),
     "tensor_model_parallel_size": (ROLLOUT + "tensor_model_parallel_size",),
     "gpu_memory_utilization": (ROLLOUT + "gpu_memory_utilization",),
+    "max_model_len": (ROLLOUT + "max_model_len",),
+    "max_num_seqs": (ROLLOUT + "max_num_seqs",),
+    "prefix_caching": (ROLLOUT + "enable_prefix_caching",),
+    "chunked_prefill": (ROLLOUT + "enable_chunked_prefill",),
+    "enforce_eager": (ROLLOUT + "enforce_eager",),
     "temperature": (ROLLOUT + "temperature",),
     "max_assistant_turns": (TURNS + "max_assistant_turns",),
+    "max_user_turns": (TURNS + "max_user_turns",),
     "max_parallel_calls": (TURNS + "max_parallel_calls",),
+    "max_tool_response_length": (TURNS + "max_tool_response_length",),
+    "tool_response_truncate_side": (TURNS + "tool_response_truncate_side",),
+    "agent_workers": (ROLLOUT + "agent.num_workers",),
     "lr": (ACTOR + "optim.lr",),
     "use_kl_loss": (ACTOR + "use_kl_loss",),
     "kl_loss_coef": (ACTOR + "kl_loss_coef", "algorithm.kl_ctrl.kl_coef"),
@@ -86,9 +96,15 @@ FIELD_KEYS: dict[str, tuple[str, ...]] = {
     "total_epochs": ("trainer.total_epochs",),
     "total_training_steps": ("trainer.total_training_steps",),
     "save_freq": ("trainer.save_freq",),
+    "keep_checkpoints": ("trainer.max_actor_ckpt_to_keep",),
     "test_freq": ("trainer.test_freq",),
+    "val_before_train": ("trainer.val_before_train",),
+    "val_n": (ROLLOUT + "val_kwargs.n",),
+    "val_do_sample": (ROLLOUT + "val_kwargs.do_sample",),
+    "val_temperature": (ROLLOUT + "val_kwargs.temperature",),
 }
-"""``engine.verl.<field>`` -> the verl keys it sets (``mask_rule``: ``algorithm.slca``)."""
+"""``engine.verl.<field>`` -> the verl keys of the RL config it sets (``mask_rule``:
+``algorithm.slca``; the ``sft_*`` fields: ``sft_config.FIELD_KEYS``)."""
 
 SOURCES: dict[str, str] = {
     **{key: "engine.verl.backend (cpu)" for key in cpu.KEYS},

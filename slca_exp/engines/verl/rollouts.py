@@ -61,16 +61,21 @@ def rewards_from_info(info: Mapping[str, Any]) -> Rewards:
     """Reward parts from the reward side's ``reward_extra_info`` row (``rewards._result``)."""
     from slca_exp.engines.verl.rewards import (
         NO_SUMMARY_KEY,
+        OUTCOME_KEY,
         SUMMARY_FAILED_KEY,
         SUMMARY_KEY,
+        TOOL_FAILED_KEY,
         TOOL_KEY,
         TOTAL_KEY,
+        verdict_of,
     )
     from slca_exp.rewards.hierr import COMPONENTS
 
     failed = bool(info.get(SUMMARY_FAILED_KEY, 0)) and not info.get(NO_SUMMARY_KEY, 0)
+    no_tool = bool(info.get(TOOL_FAILED_KEY, 0))
     rating = int(info.get("slca/judge/rating", -1))
     raw_rating = int(info.get("slca/judge/raw_rating", rating))
+    outcome = OUTCOME_KEY in info
     return Rewards(
         tool=float(info.get("slca/tool/score", math.nan)),
         components={part: float(info.get(f"slca/tool/{part}", math.nan)) for part in COMPONENTS},
@@ -79,10 +84,12 @@ def rewards_from_info(info: Mapping[str, Any]) -> Rewards:
         judge_status=str(info.get("slca/judge_status", "")),
         judge_reason=str(info.get("slca/judge_reason", "")),
         should_no_call=bool(info.get("slca/tool/should_no_call", 0)),
-        routed_tool=float(info.get(TOOL_KEY, math.nan)),
+        routed_tool=math.nan if no_tool else float(info.get(TOOL_KEY, math.nan)),
         routed_summary=math.nan if failed else float(info.get(SUMMARY_KEY, math.nan)),
-        total=math.nan if failed else float(info.get(TOTAL_KEY, math.nan)),
+        total=math.nan if failed or no_tool else float(info.get(TOTAL_KEY, math.nan)),
         raw_rating=None if raw_rating < 0 else raw_rating,
+        hierr=float(info.get("slca/tool/hierr", math.nan)) if outcome else None,
+        outcome=verdict_of(info) if outcome else None,
     )
 
 

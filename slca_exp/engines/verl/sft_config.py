@@ -41,6 +41,8 @@ DATA_FILE = Path("sft_data") / "sft.parquet"
 CHECKPOINTS = "sft"
 HF_FOLDER = "huggingface"
 """verl's checkpoint manager writes the HF weights into ``global_step_<N>/huggingface``."""
+TRACKER_FILE = "latest_checkpointed_iteration.txt"
+"""verl's checkpoint handler records the step it saved last in this file."""
 EXPERIMENT_SUFFIX = "-sft"
 
 SOURCES: dict[str, str] = {
@@ -50,8 +52,15 @@ SOURCES: dict[str, str] = {
     "data.max_length": "engine.sft.max_len",
     "data.train_batch_size": "engine.sft.batch_size",
     "optim.lr": "engine.sft.lr",
-    "trainer.total_training_steps": "engine.sft.steps",
-    "trainer.total_epochs": "engine.sft.steps",
+    "trainer.total_training_steps": (
+        "engine.sft.steps, or engine.verl.sft_epochs x the SFT split's batches"
+    ),
+    "trainer.total_epochs": "engine.verl.sft_epochs, else engine.sft.steps",
+    "optim.lr_scheduler_type": "engine.verl.sft_lr_scheduler",
+    "optim.lr_warmup_steps_ratio": "engine.verl.sft_warmup_ratio",
+    "optim.weight_decay": "engine.verl.sft_weight_decay",
+    "data.micro_batch_size_per_gpu": "engine.verl.sft_micro_batch_size_per_gpu",
+    "data.use_dynamic_bsz": "engine.verl.sft_micro_batch_size_per_gpu (set: off)",
     "trainer.nnodes": "engine.verl.nnodes",
     "trainer.n_gpus_per_node": "engine.verl.n_gpus_per_node",
     "engine.strategy": "engine.verl.strategy",
@@ -63,6 +72,15 @@ SOURCES: dict[str, str] = {
     **{key: "engine.verl.backend (cpu)" for key in cpu.SFT_KEYS},
 }
 """verl key -> the key of ours it is translated from (a problem's fix names it)."""
+
+FIELD_KEYS: dict[str, tuple[str, ...]] = {
+    "sft_epochs": ("trainer.total_epochs", "trainer.total_training_steps"),
+    "sft_lr_scheduler": ("optim.lr_scheduler_type",),
+    "sft_warmup_ratio": ("optim.lr_warmup_steps_ratio",),
+    "sft_micro_batch_size_per_gpu": ("data.micro_batch_size_per_gpu", "data.use_dynamic_bsz"),
+    "sft_weight_decay": ("optim.weight_decay",),
+}
+"""``engine.verl.sft_<field>`` -> the verl keys of the SFT config it sets (:func:`sft_values`)."""
 
 FIXED: dict[str, Any] = {
     "data.messages_key": MESSAGES,
@@ -121,10 +139,10 @@ def sft_values(config: RunConfig, recipe: Recipe | None = None) -> dict[str, Any
             "data.max_length": sft.max_len,
             "data.train_batch_size": sft.batch_size,
             "optim.lr": sft.lr,
-            "trainer.total_training_steps": sft.steps,
-            # an upper bound: verl stops at total_training_steps, which needs this many epochs
-            # at most (one step per epoch when the split holds a single batch)
-            "trainer.total_epochs": max(1, sft.steps),
+            "optim.lr_scheduler_type": v.sft_lr_scheduler,
+            "optim.lr_warmup_steps_ratio": v.sft_warmup_ratio,
+            "optim.weight_decay": v.sft_weight_decay,
+            **sft_length(config, recipe),
             "trainer.nnodes": v.nnodes,
             "trainer.n_gpus_per_node": v.n_gpus_per_node,
             "engine.strategy": v.strategy,
@@ -137,9 +155,50 @@ def sft_values(config: RunConfig, recipe: Recipe | None = None) -> dict[str, Any
             "model.path": model_path(config, recipe),
         }
     )
+    if v.sft_micro_batch_size_per_gpu is not None:  # fixed micro-batches, the rest accumulated
+        values["data.micro_batch_size_per_gpu"] = v.sft_micro_batch_size_per_gpu
+        values["data.use_dynamic_bsz"] = False
     if backend_of(config) == "cpu":
         values.update(cpu.sft_values())
     return values
+
+
+def sft_length(config: RunConfig, recipe: Recipe | None = None) -> dict[str, Any]:
+    """``trainer.total_training_steps`` and ``trainer.total_epochs`` of the SFT stage.
+
+    ``engine.sft.steps`` steps, with as many epochs as an upper bound (verl stops at
+    ``total_training_steps``; one step per epoch when the split holds a single batch). With
+    ``engine.verl.sft_epochs``: that many epochs of ``rows // engine.sft.batch_size`` steps
+    each (verl drops the last incomplete batch), counted here from the SFT split's rows when
+    they are known (:func:`sft_rows`); otherwise ``null``, and verl counts them itself.
+    """
+    sft, epochs = config.engine.sft, config.engine.verl.sft_epochs
+    if epochs is None:
+        return {
+            "trainer.total_training_steps": sft.steps,
+            "trainer.total_epochs": max(1, sft.steps),
+        }
+    rows = sft_rows(config, recipe)
+    steps = None if rows is None else epochs * (rows // sft.batch_size)
+    return {"trainer.total_training_steps": steps, "trainer.total_epochs": epochs}
+
+
+def sft_rows(config: RunConfig, recipe: Recipe | None = None) -> int | None:
+    """Rows of the SFT split: the recipe's count, else the file's on this host, else ``None``.
+
+    Every row is trained on (``write_sft_data`` converts them all or refuses the split).
+    """
+    files = (recipe.data.get("files") if recipe is not None else None) or {}
+    if (files.get("sft") or {}).get("rows") is not None:
+        return int(files["sft"]["rows"])
+    from slca_exp.data.sources import data_source
+
+    path = data_source(config.data.kind).planned(config).get("sft")
+    if path is None or not Path(path).is_file():
+        return None
+    import pyarrow.parquet as pq
+
+    return pq.ParquetFile(path).metadata.num_rows
 
 
 def sft_checkpoint(cfg: DictConfig) -> Path:
@@ -149,10 +208,18 @@ def sft_checkpoint(cfg: DictConfig) -> Path:
     ``<trainer.default_local_dir>/global_step_<step>`` (and writes the step into
     ``latest_checkpointed_iteration.txt`` there); with ``hf_model`` among
     ``checkpoint.save_contents`` the checkpoint manager writes the weights, config and tokenizer
-    into its ``huggingface`` folder. The last step is ``trainer.total_training_steps``.
+    into its ``huggingface`` folder. The last step is ``trainer.total_training_steps``; when
+    verl counts it itself (epochs of a split whose size was not known), the step verl recorded
+    last (``global_step_0`` before it saved any).
     """
-    step = int(cfg.trainer.total_training_steps)
-    return Path(cfg.trainer.default_local_dir) / f"global_step_{step}" / HF_FOLDER
+    folder = Path(cfg.trainer.default_local_dir)
+    step = cfg.trainer.total_training_steps
+    if step is None:
+        try:
+            step = int((folder / TRACKER_FILE).read_text().strip())
+        except (OSError, ValueError):
+            step = 0
+    return folder / f"global_step_{int(step)}" / HF_FOLDER
 
 
 def sft_problem(key: str, what: str, fix: str = "") -> Problem:

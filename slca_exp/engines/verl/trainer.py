@@ -32,6 +32,7 @@ attached to is ended with the status the driver gives it (never FINISHED by a ki
 
 from __future__ import annotations
 
+import math
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -50,6 +51,7 @@ from slca_exp.engines.verl.rewards import (
     NO_SUMMARY_KEY,
     SUMMARY_FAILED_KEY,
     SUMMARY_KEY,
+    TOOL_FAILED_KEY,
     TOOL_KEY,
     TOTAL_KEY,
     batch_infos,
@@ -66,6 +68,7 @@ from slca_exp.engines.verl.stopping import (
 )
 from slca_exp.engines.verl.tools import simulator_metrics
 from slca_exp.estimators import RolloutScores
+from slca_exp.rewards.routing import success_stats
 from slca_exp.rollouts.batch import logged_rollouts
 from slca_exp.rollouts.select import due
 from slca_exp.services.outage import ServiceWatch
@@ -92,6 +95,14 @@ def absent_summary_rows(infos: Sequence[Mapping[str, Any]]) -> np.ndarray:
     return np.array(failed, dtype=bool)
 
 
+def absent_tool_rows(infos: Sequence[Mapping[str, Any]]) -> np.ndarray:
+    """(B,) bool: rollouts whose R_tool the outcome judge could not decide (absent).
+
+    ``rm_scores`` holds 0 for them; the estimator leaves their tool segment out instead.
+    """
+    return np.array([bool(i.get(TOOL_FAILED_KEY, 0)) for i in infos], dtype=bool)
+
+
 def reported_scores(infos: Sequence[Mapping[str, Any]]) -> RolloutScores | None:
     """The reward side's (tool, summary, total) of each rollout, (B,) float32 each.
 
@@ -108,6 +119,28 @@ def reported_scores(infos: Sequence[Mapping[str, Any]]) -> RolloutScores | None:
     return RolloutScores(
         tool=columns[TOOL_KEY], summary=columns[SUMMARY_KEY], total=columns[TOTAL_KEY]
     )
+
+
+def validation_metrics(
+    infos: Sequence[Mapping[str, Any]], *, process_weight: float = 1.0, summary_weight: float = 1.0
+) -> dict[str, float]:
+    """Our ``val/*`` metrics of a validation pass, from its rollouts' ``reward_extra_info``.
+
+    The local engine's validation metrics: ``val/reward/*``, ``val/judge/*``,
+    ``val/outcome/*`` and the paper's ``val/success@k`` and ``val/tool_success@k``
+    (``slca_exp.rewards.routing.success_stats``); ``{}`` when no row carries our keys.
+    """
+    rows = [info for info in infos if info and TOOL_KEY in info]
+    if not rows:
+        return {}
+    absent = absent_summary_rows(rows) | absent_tool_rows(rows)
+    totals = [
+        math.nan if gone else float(i[TOTAL_KEY]) for i, gone in zip(rows, absent, strict=True)
+    ]
+    hierr = [float(i.get("slca/tool/hierr", i["slca/tool/score"])) for i in rows]
+    metrics = {names.val(k): v for k, v in reward_metrics(rows).items()}
+    weights = {"process_weight": process_weight, "summary_weight": summary_weight}
+    return metrics | success_stats(totals, hierr, **weights)
 
 
 def segment_metrics(
@@ -234,7 +267,7 @@ class SLCATrainer(PPOTrainerSync):
         corrected = mask_rule(self.config.algorithm) == "corrected"
         no_summary = no_summary_rows(infos) if corrected else None
         facts = (no_summary, absent_summary_rows(infos), reported_scores(infos))
-        with segment_call(*facts) as call:
+        with segment_call(*facts, absent_tool=absent_tool_rows(infos)) as call:
             batch = super()._compute_advantage(batch, metrics=metrics)
         stats = call.stats
         if self.config.algorithm.adv_estimator not in NAMES:  # verl's own: read its result back
@@ -255,13 +288,22 @@ class SLCATrainer(PPOTrainerSync):
     # -- logged rollouts (tracking.rollouts) --------------------------------------------------
 
     def _validate(self) -> dict[str, float]:
-        """Verl's validation; its batches' rollouts are read on the way and logged after it."""
+        """Verl's validation, plus our ``val/*`` metrics; its rollouts are logged after it.
+
+        Each validation batch is read on its way out of the replay buffer: its rewards (for
+        :func:`validation_metrics`) and, when ``tracking.rollouts`` asks, its rollouts.
+        """
         settings = self._rollout_settings()
-        if not settings or not int(settings["every"]) or not int(settings["val"]):
-            return super()._validate()
-        buffer = self.replay_buffer
+        logged = bool(settings and int(settings["every"]) and int(settings["val"]))
         corrected = mask_rule(self.config.algorithm) == "corrected"
-        capture = ValidationCapture(buffer, lambda b: self._view(b, "val", corrected=corrected))
+        infos: list[Mapping[str, Any]] = []
+
+        def read(batch: Any) -> Any:  # noqa: ANN401 - a KVBatchMeta
+            infos.extend(self._infos(batch))
+            return self._view(batch, "val", corrected=corrected) if logged else None
+
+        buffer = self.replay_buffer
+        capture = ValidationCapture(buffer, read)
         self.replay_buffer = capture
         try:
             result = super()._validate()
@@ -269,8 +311,25 @@ class SLCATrainer(PPOTrainerSync):
             self.replay_buffer = buffer
         if capture.failed is not None:
             self._rollout_log().warn_once(capture.failed)
-        self._log_views("val", capture.views, int(settings["val"]))
-        return result
+        reward = (OmegaConf.select(self.config, OUR_KEY, default=None) or {}).get("reward") or {}
+        ours = validation_metrics(
+            infos,
+            process_weight=float(reward.get("process_weight", 1.0)),
+            summary_weight=float(reward.get("summary_weight", 1.0)),
+        )
+        if logged:
+            self._log_views(
+                "val", [v for v in capture.views if v is not None], int(settings["val"])
+            )
+        return {**result, **ours}
+
+    def _infos(self, batch: Any) -> list[Mapping[str, Any]]:  # noqa: ANN401 - a KVBatchMeta
+        import transfer_queue as tq
+
+        data = tq.kv_batch_get(
+            keys=batch.keys, partition_id=batch.partition_id, select_fields=["extra_fields"]
+        )
+        return batch_infos(data.pop("extra_fields").tolist())
 
     def _view(self, batch: Any, split: str, *, corrected: bool) -> Any:  # noqa: ANN401
         no_summary = None

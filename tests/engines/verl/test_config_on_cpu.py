@@ -19,6 +19,7 @@ from omegaconf import OmegaConf, open_dict  # noqa: E402
 from slca_exp.cli import main  # noqa: E402
 from slca_exp.engines.verl import cpu  # noqa: E402
 from slca_exp.engines.verl import rl_config as verl  # noqa: E402
+from slca_exp.engines.verl import sft_config as sft  # noqa: E402
 from slca_exp.engines.verl.checks import check_verl_config  # noqa: E402
 from slca_exp.engines.verl.compose import compose_verl, verl_config_dir  # noqa: E402
 from slca_exp.engines.verl.rl_config import verl_config  # noqa: E402
@@ -253,7 +254,10 @@ def test_every_modelled_key_is_one_of_verls():
     # not one verl key each
     ours = {"backend", "dump_batches", "mask_rule", "overrides", "sft_overrides"}
     modelled = {f.name for f in dataclasses.fields(VerlConfig)} - ours
-    assert modelled == set(verl.FIELD_KEYS)
+    # the SFT stage's: in verl's SFT config (sft_config.py)
+    assert modelled == set(verl.FIELD_KEYS) | set(sft.FIELD_KEYS)
+    assert not set(verl.FIELD_KEYS) & set(sft.FIELD_KEYS)
+    assert all(field.startswith("sft_") for field in sft.FIELD_KEYS)
 
 
 def test_verl_never_converts_algorithm_to_its_dataclass():

@@ -4,6 +4,7 @@ chat template and tokenized as a rollout is: tool responses and chat glue under 
 
 import asyncio
 import json
+import math
 
 import numpy as np
 import pytest
@@ -32,6 +33,7 @@ from slca_exp.engines.verl.keys import OUR_KEY  # noqa: E402
 from slca_exp.engines.verl.rewards import (  # noqa: E402
     SUMMARY_KEY,
     TOOL_KEY,
+    TOTAL_KEY,
     SLCARewardManager,
     place_segment_scores,
 )
@@ -79,7 +81,7 @@ def runs(mask):
     return out
 
 
-def score(manager, prompt, response, row):
+def score(manager, prompt, response, row, extra=None):
     p, r = torch.tensor([prompt]), torch.tensor([response])
     data = DataProto.from_dict(
         tensors={
@@ -87,7 +89,10 @@ def score(manager, prompt, response, row):
             "responses": r,
             "attention_mask": torch.ones(1, p.shape[1] + r.shape[1]),
         },
-        non_tensors={"reward_model": np.array([row["reward_model"]], dtype=object)},
+        non_tensors={
+            "reward_model": np.array([row["reward_model"]], dtype=object),
+            **(extra or {}),
+        },
     )
     return asyncio.run(manager.run_single(data))
 
@@ -178,3 +183,62 @@ def test_the_agent_loop_config_names_our_loop(tmp_path):
     (entry,) = OmegaConf.load(path)
     assert entry.name == "slca_tool_agent"
     assert entry._target_ == "slca_exp.engines.verl.agent_loop.SLCAToolAgentLoop"
+
+
+def test_the_outcome_reward_through_verls_reward_manager(tokenizer, manager, rows):
+    """reward=exec_outcome in the reward workers: R_tool the verdict, HierR logged beside it."""
+    from slca_exp.engines.verl.rewards import OUTCOME_KEY, TOOL_FAILED_KEY, reward_metrics
+    from slca_exp.engines.verl.rollouts import rewards_from_info
+    from slca_exp.engines.verl.trainer import absent_tool_rows, validation_metrics
+
+    config = validate(compose_run(["reward=exec_outcome"]))
+    section = our_section(config)
+    assert section["reward"]["tool_reward"] == "outcome"
+    outcome = SLCARewardManager(OmegaConf.create({OUR_KEY: section}), tokenizer)
+    paper = our_section(validate(compose_run(["reward=hierr_paper"])))  # its HierR variant
+    manager = SLCARewardManager(OmegaConf.create({OUR_KEY: paper}), tokenizer)
+    infos = []
+    for row in rows:
+        prompt, response, _ = rollout(tokenizer, row)
+        plain = score(manager, prompt, response, row)["reward_extra_info"]
+        extra = {"extra_info": np.array([row["extra_info"]], dtype=object)}
+        got = score(outcome, prompt, response, row, extra)
+        info = got["reward_extra_info"]
+        # the gold trajectory solves its task: R_tool 1, HierR's score logged beside it
+        assert (info[OUTCOME_KEY], info[TOOL_KEY], info[TOOL_FAILED_KEY]) == (1, 1.0, 0)
+        assert info["slca/tool/hierr"] == plain["slca/tool/score"]
+        assert info[SUMMARY_KEY] == plain[SUMMARY_KEY]
+        assert got["reward_score"] == pytest.approx(1.0 + info[SUMMARY_KEY])
+        record = rewards_from_info(info)
+        assert (record.outcome, record.tool, record.hierr) == (
+            "Solved",
+            1.0,
+            info["slca/tool/hierr"],
+        )
+        infos.append(info)
+    # A tool row whose recorded answers are missing cannot be decided by the facts rule: absent
+    row = next(r for r in rows if r["reward_model"]["ground_truth"]["subset_name"] != "irrelevant")
+    prompt, response, _ = rollout(tokenizer, row)
+    info = score(outcome, prompt, response, row)["reward_extra_info"]
+    assert (info[OUTCOME_KEY], info[TOOL_FAILED_KEY], info[TOOL_KEY]) == (-1, 1, 0.0)
+    assert info["slca/outcome/status"] == "failed"
+    assert list(absent_tool_rows([*infos[:2], info])) == [False, False, True]
+    record = rewards_from_info(info)
+    assert record.outcome is None and math.isnan(record.routed_tool) and math.isnan(record.total)
+    metrics = reward_metrics([*infos, info])
+    assert metrics["outcome/failures"] == 1.0 and metrics["reward/outcome/solved_frac"] == 1.0
+    assert metrics["reward/tool/mean"] == 1.0  # the absent one left out
+    assert metrics["reward/tool/hierr/mean"] == pytest.approx(
+        sum(i["slca/tool/hierr"] for i in [*infos, info]) / (len(infos) + 1)
+    )
+    # verl's validation logs the same val/* metrics as the local engine, success@k included
+    every = [*infos, info]
+    val = validation_metrics(every)
+    assert val["val/reward/outcome/solved_frac"] == 1.0 and val["val/outcome/failures"] == 1.0
+    hierr = [i["slca/tool/hierr"] for i in every]
+    for k in (0.7, 0.8, 0.9, 1.0):
+        assert val[f"val/tool_success@{k:g}" if k < 1 else "val/tool_success@1.0"] == sum(
+            h >= k - 1e-9 for h in hierr
+        ) / len(every)
+    totals = [i[TOTAL_KEY] for i in infos]  # the absent one is no success
+    assert val["val/success@0.9"] == sum(t / 2 >= 0.9 - 1e-9 for t in totals) / len(every)

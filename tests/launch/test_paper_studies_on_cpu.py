@@ -1,0 +1,102 @@
+"""The paper's ready studies: ``--dry-run`` validates and prints every job.
+
+On the paper's recipe (verl's own checks of each translated config included) and at smoke scale.
+"""
+
+import shutil
+
+import pytest
+
+from tests.skip_policy import require
+
+require("verl", reason="needs the verl extra")
+
+from omegaconf import OmegaConf  # noqa: E402
+
+from slca_exp.cli import main  # noqa: E402
+from slca_exp.data.synthetic import generate  # noqa: E402
+from slca_exp.launch.command import study_notes, study_overrides  # noqa: E402
+from slca_exp.preflight.compose import CONFIG_DIR  # noqa: E402
+
+STUDIES = {
+    # study -> (jobs, the swept values each job has, what its comment says it mirrors)
+    "paper_main": (9, ["algorithm=grpo", "algorithm=toolpo_grpo", "algorithm=slca_grpo"], "main"),
+    "paper_ablations": (
+        18,
+        [
+            f"ablation={a}"
+            for a in (
+                "full",
+                "no_slca",
+                "no_sgls",
+                "names_format_only",
+                "outcome_only",
+                "no_parallel",
+            )
+        ],
+        "ablation",
+    ),
+    "exec_control": (12, ["reward=hierr_paper", "reward=exec_outcome"], "execution-reward"),
+}
+SUBMITTED = ["launcher=slurm_gpu_4node", "launcher.partition=null", "--offline"]
+"""Submitted to the paper's cluster profile (no GPU wanted here), servers started with the job."""
+
+
+@pytest.fixture(scope="module")
+def toucan(tmp_path_factory):
+    """A folder holding tiny splits under the paper's Toucan file names."""
+    made = tmp_path_factory.mktemp("made")
+    generate(made, 32, 5)
+    folder = tmp_path_factory.mktemp("toucan")
+    for split, name in (("sft", "sft_split_42k"), ("train", "rl"), ("val", "eval_4k")):
+        shutil.copy(made / f"{split}.parquet", folder / f"{name}.parquet")
+    return folder
+
+
+@pytest.fixture
+def here(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("SLCA_EXP_ROOT", str(tmp_path / "out"))
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    return tmp_path
+
+
+@pytest.mark.parametrize("study", sorted(STUDIES))
+def test_the_dry_run_validates_and_prints_every_job_on_the_papers_recipe(
+    study, toucan, here, capsys
+):
+    jobs, values, _ = STUDIES[study]
+    given = ["train", "--dry-run", "-m", f"sweep={study}", f"data.dir={toucan}", *SUBMITTED]
+    assert main(given) == 0
+    out = capsys.readouterr().out
+    printed = [line.strip() for line in out.splitlines() if line.strip().startswith("#")]
+    printed = [line for line in printed if line.split(":", 1)[0][1:].isdigit()]
+    assert len(printed) == jobs
+    assert all("experiment=paper_7b" in line for line in printed)
+    for value in values:
+        assert sum(value in line.split() for line in printed) == jobs // len(values)
+    assert out.count("verl config checked and written to") == jobs  # verl's own checks, each job
+    assert f"--array=0-{jobs - 1}%" in out
+    written = sorted(here.rglob("ppo_trainer.yaml"))
+    assert len(written) == jobs
+    if study == "exec_control":  # the reward workers get the outcome reward and its judge
+        sections = [OmegaConf.load(p).slca_exp.reward for p in written]
+        tool_rewards = sorted(s.tool_reward for s in sections)
+        assert tool_rewards == ["hierr"] * 6 + ["outcome"] * 6
+
+
+@pytest.mark.parametrize("study", ["paper_main", "paper_ablations"])
+def test_the_dry_run_at_smoke_scale_validates_every_job(study, here, capsys):
+    jobs = STUDIES[study][0]
+    assert main(["train", "--dry-run", "-m", f"sweep={study}", "experiment=smoke"]) == 0
+    out = capsys.readouterr().out
+    printed = [x for x in out.splitlines() if x.strip()[:1] == "#" and "experiment=smoke" in x]
+    assert len(printed) == jobs
+
+
+@pytest.mark.parametrize("study", sorted(STUDIES))
+def test_each_study_says_what_it_mirrors_and_what_it_expects(study):
+    head = (CONFIG_DIR / "sweep" / f"{study}.yaml").read_text().split("\n", 1)[0]
+    assert "the paper's" in head.lower() and STUDIES[study][2] in head
+    assert set(study_notes(study)) == {"question", "design", "expected"}
+    assert "experiment=paper_7b" in study_overrides(study)
