@@ -326,6 +326,7 @@ def flipped_run(verl_run, tool_caller, tmp_path_factory):
         *recipe_args(tool_caller, FLIPPED_STEPS, 1),
         "engine.sft.enabled=false",
         f"backbone.path={sft_weights(verl_run)}",  # where the shared run's RL stage started
+        f"engine.verl.test_freq={FLIPPED_STEPS}",  # one validation, after its last step
     ]
     run = train(tmp_path_factory.mktemp("verl-flipped"), services, args)
     print(f"\nflipped verl run: {run.wall_s:.0f} s wall for {FLIPPED_STEPS} steps")
@@ -731,6 +732,34 @@ def test_flipped_advantages_move_the_policy_the_other_way(verl_run, flipped_run,
         ours = -flipped[name].contrast  # the flipped run's contrast under our advantages
         ours_high = -flipped[name].low  # and its one-sided upper bound
         assert trained[name].low > 0 and ours < ours_high < 0, (name, trained, flipped)
+
+
+def test_verls_validation_logs_our_val_metrics_from_the_same_rollouts(flipped_run):
+    """verl's validation pass logs the local engine's ``val/*`` names, success@k included.
+
+    Each equals what verl itself aggregates from the same rollouts' reward info (its
+    ``val-aux/<source>/slca/...`` means), up to the order the floats are summed in.
+    """
+    metrics = flipped_run.client.get_run(flipped_run.run_id).data.metrics
+    theirs = {
+        k.split("/slca/", 1)[1]: v
+        for k, v in metrics.items()
+        if k.startswith("val-aux/") and "/slca/" in k
+    }
+    assert metrics["val/reward/tool/hierr/mean"] == pytest.approx(
+        theirs["tool/hierr/mean_at_1"], rel=1e-12
+    )
+    assert metrics["val/reward/tool/mean"] == pytest.approx(
+        theirs["tool/score/mean_at_1"], rel=1e-12
+    )
+    for k in ("0.7", "0.8", "0.9", "1.0"):
+        assert 0.0 <= metrics[f"val/success_at_{k}"] <= metrics["val/success_at_0.7"] <= 1.0
+        assert 0.0 <= metrics[f"val/tool_success_at_{k}"] <= 1.0
+    steps = [
+        m.step
+        for m in flipped_run.client.get_metric_history(flipped_run.run_id, "val/success_at_0.9")
+    ]
+    assert steps == [FLIPPED_STEPS]
 
 
 def test_the_judges_ratings_are_what_the_reward_side_recorded(verl_run):
