@@ -392,14 +392,16 @@ def _prompts(
     outcome = components["reward"].get("outcome")
     if outcome is not None:  # the outcome judge's prompts (or rule), under reward.tool_reward
         from slca_exp.judges import outcome_prompts
-        from slca_exp.judges.outcome import prompt_name
 
-        shas = {"outcome": "prompt_sha256", "outcome_fallback": "fallback_prompt_sha256"}
         for role, text in outcome_prompts(config.reward, config.judge).items():
-            sha = outcome.get(shas[role])
+            # the fallback prompt is named and hashed under its own keys
+            own = {"prompt": outcome.get("fallback_prompt"), "backend": outcome["backend"]}
+            described = own if role == "outcome_fallback" else outcome
+            sha = outcome.get("fallback_prompt_sha256" if described is own else "prompt_sha256")
             if hashlib.sha256(text.encode()).hexdigest() != sha:
                 continue
-            entries[role] = {"name": prompt_name(role, outcome), "sha256": sha, "version": None}
+            name = prompt_registry_name("outcome", described)
+            entries[role] = {"name": name, "sha256": sha, "version": None}
             texts[role] = text
     return entries, texts
 

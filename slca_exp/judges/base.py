@@ -22,6 +22,7 @@ from slca_exp.rewards.toolcalls import final_reply, tool_responses
 
 __all__ = [
     "LABELS",
+    "Counted",
     "STATUSES",
     "Judge",
     "JudgeBase",
@@ -90,7 +91,30 @@ def batch_stats(results: Sequence[JudgeResult]) -> dict[str, float]:
     }
 
 
-class JudgeBase(ABC):
+class Counted:
+    """Counters of the results a judge gave: requests, short_circuits, cache_hits, failures.
+
+    Results are anything with a ``status`` (``ok`` | ``short_circuit`` | ``failed``) and a
+    ``cached`` flag: the summary judge's and the outcome judge's.
+    """
+
+    def __init__(self) -> None:
+        self._counts = {"requests": 0, "short_circuits": 0, "cache_hits": 0, "failures": 0}
+
+    def _count(self, results: Sequence[Any]) -> list[Any]:
+        self._counts["requests"] += len(results)
+        for r in results:
+            self._counts["short_circuits"] += r.status == "short_circuit"
+            self._counts["cache_hits"] += r.cached
+            self._counts["failures"] += r.status == "failed"
+        return list(results)
+
+    def stats(self) -> dict[str, float]:
+        """Counters since construction: requests, short_circuits, cache_hits, failures."""
+        return {k: float(v) for k, v in self._counts.items()}
+
+
+class JudgeBase(Counted, ABC):
     """Shared plumbing: the config's short-circuits, counters and the context manager.
 
     A judge backend is a subclass registered in ``slca_exp.judges.JUDGES`` under the name
@@ -103,8 +127,8 @@ class JudgeBase(ABC):
     ``judge.base_url``, and ``validate`` / ``--dry-run`` probe that URL (unless ``--offline``)."""
 
     def __init__(self, cfg: Any) -> None:  # noqa: ANN401
+        super().__init__()
         self.cfg = cfg
-        self._counts = {"requests": 0, "short_circuits": 0, "cache_hits": 0, "failures": 0}
 
     def _short_circuit(self, view: JudgeView, request: JudgeRequest) -> JudgeResult | None:
         return short_circuit(
@@ -113,18 +137,6 @@ class JudgeBase(ABC):
             no_tool_response=bool(self.cfg.short_circuit_no_tool_response),
             min_reply_chars=int(self.cfg.min_reply_chars),
         )
-
-    def _count(self, results: Sequence[JudgeResult]) -> list[JudgeResult]:
-        self._counts["requests"] += len(results)
-        for r in results:
-            self._counts["short_circuits"] += r.status == "short_circuit"
-            self._counts["cache_hits"] += r.cached
-            self._counts["failures"] += r.status == "failed"
-        return list(results)
-
-    def stats(self) -> dict[str, float]:
-        """Counters since construction: requests, short_circuits, cache_hits, failures."""
-        return {k: float(v) for k, v in self._counts.items()}
 
     def describe(self) -> dict[str, Any]:
         """The recipe fields of this judge."""

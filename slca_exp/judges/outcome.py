@@ -23,10 +23,11 @@ asking (status ``short_circuit``).
 
 from __future__ import annotations
 
-import re
+from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import Any
 
+from slca_exp.judges.base import Counted
 from slca_exp.judges.rubric import Fact, Statement, response_facts
 from slca_exp.registry import Registry
 from slca_exp.rewards.judging import OutcomeRequest, OutcomeResult
@@ -51,8 +52,6 @@ _FACTS_RULE = {
     "facts": "the rubric judge's facts (rubric-v1 rules 1-3)",
 }
 """The facts rule as recorded: its hash is the judge's ``prompt_sha256``."""
-
-_PROMPT_NAME = re.compile(r"[^\w.-]")
 
 
 def parse_verdict(content: str) -> str:
@@ -96,7 +95,7 @@ def render_interactions(response_text: str) -> str:
     return "\n\n".join(parts) if parts else "(no tool calls)"
 
 
-class OutcomeJudgeBase:
+class OutcomeJudgeBase(Counted, ABC):
     """Shared plumbing: the short-answer rule, counters, the recipe fields, the context manager.
 
     A backend is a subclass registered in :data:`OUTCOME_JUDGES`; ``cls(outcome, judge)`` builds
@@ -108,9 +107,9 @@ class OutcomeJudgeBase:
     """Whether it asks the judge's server (then ``judge.backend`` must ask one too)."""
 
     def __init__(self, outcome: Any, judge: Any) -> None:  # noqa: ANN401 - the two configs
+        super().__init__()
         self.cfg = outcome
         self.judge_cfg = judge
-        self._counts = {"requests": 0, "short_circuits": 0, "cache_hits": 0, "failures": 0}
 
     def score(self, batch: Sequence[OutcomeRequest]) -> list[OutcomeResult]:
         """Decide a batch; failures come back as ``status="failed"``, never raised."""
@@ -118,12 +117,11 @@ class OutcomeJudgeBase:
         todo = [i for i, r in enumerate(results) if r is None]
         for i, result in zip(todo, self._decide([batch[i] for i in todo]), strict=True):
             results[i] = result
-        done = [r for r in results if r is not None]
-        self._count(done)
-        return done
+        return self._count([r for r in results if r is not None])
 
+    @abstractmethod
     def _decide(self, batch: Sequence[OutcomeRequest]) -> list[OutcomeResult]:
-        raise NotImplementedError
+        """The verdicts of the requests no rule decided, in order."""
 
     def _short(self, request: OutcomeRequest) -> OutcomeResult | None:
         least = int(self.cfg.min_answer_chars)
@@ -131,25 +129,14 @@ class OutcomeJudgeBase:
             return OutcomeResult.short_circuit(f"final answer shorter than {least} characters")
         return None
 
-    def _count(self, results: Sequence[OutcomeResult]) -> None:
-        self._counts["requests"] += len(results)
-        for r in results:
-            self._counts["short_circuits"] += r.status == "short_circuit"
-            self._counts["cache_hits"] += r.cached
-            self._counts["failures"] += r.status == "failed"
-
-    def stats(self) -> dict[str, float]:
-        """Counters since construction: requests, short_circuits, cache_hits, failures."""
-        return {k: float(v) for k, v in self._counts.items()}
-
     def describe(self) -> dict[str, Any]:
         """The recipe fields of this judge."""
         return type(self).describe_config(self.cfg, self.judge_cfg)
 
     @classmethod
+    @abstractmethod
     def describe_config(cls, outcome: Any, judge: Any) -> dict[str, Any]:  # noqa: ANN401
         """The recipe fields the configs would build (cheap: no network, no cache)."""
-        raise NotImplementedError
 
     @classmethod
     def prompt_texts(cls, outcome: Any, judge: Any) -> dict[str, str]:  # noqa: ANN401
@@ -231,10 +218,12 @@ class OpenAIOutcomeJudge(OutcomeJudgeBase):
     def __init__(self, outcome: Any, judge: Any) -> None:  # noqa: ANN401
         super().__init__(outcome, judge)
         self.check, self.fallback = _templates(outcome)
-        client = ChatClient.from_config(judge, "judge")
-        cache = open_cache(judge.cache, judge.cache_path)
-        self.first = CachedChat(client, cache, kind="outcome", prompt_sha256=self.check.sha256)
-        self.second = CachedChat(client, cache, kind="outcome", prompt_sha256=self.fallback.sha256)
+        self.chat = CachedChat(
+            ChatClient.from_config(judge, "judge"),
+            open_cache(judge.cache, judge.cache_path),
+            kind="outcome",
+            prompt_sha256=cache_key({"check": self.check.sha256, "fallback": self.fallback.sha256}),
+        )
 
     def request_for(self, request: OutcomeRequest, *, fallback: bool = False) -> ChatRequest:
         """The chat request of the first prompt (or of the fallback prompt) for one rollout."""
@@ -250,7 +239,7 @@ class OpenAIOutcomeJudge(OutcomeJudgeBase):
         return user_request(prompt, self.judge_cfg)
 
     def _decide(self, batch: Sequence[OutcomeRequest]) -> list[OutcomeResult]:
-        firsts = self.first.complete([self.request_for(r) for r in batch], _any) if batch else []
+        firsts = self.chat.complete([self.request_for(r) for r in batch], _any) if batch else []
         results: list[OutcomeResult | None] = []
         unsure: list[int] = []
         for i, answer in enumerate(firsts):
@@ -259,7 +248,7 @@ class OpenAIOutcomeJudge(OutcomeJudgeBase):
                 unsure.append(i)
             results.append(_result(answer, verdict))
         asked = [self.request_for(batch[i], fallback=True) for i in unsure]
-        seconds = self.second.complete(asked, _any) if asked else []
+        seconds = self.chat.complete(asked, _any) if asked else []
         for i, answer in zip(unsure, seconds, strict=True):
             verdict = None if answer.content is None else parse_verdict(answer.content)
             results[i] = _result(answer, verdict, before=firsts[i])
@@ -290,8 +279,7 @@ class OpenAIOutcomeJudge(OutcomeJudgeBase):
 
     def close(self) -> None:
         """Close the HTTP client and the cache (idempotent)."""
-        self.first.close()
-        self.second.close()
+        self.chat.close()
 
 
 def _templates(outcome: Any) -> tuple[PromptTemplate, PromptTemplate]:  # noqa: ANN401
@@ -327,11 +315,3 @@ def outcome_backend(outcome: Any, judge_remote: bool) -> str:  # noqa: ANN401
     if backend != "auto":
         return backend
     return "openai" if judge_remote else "facts"
-
-
-def prompt_name(role: str, described: dict[str, Any]) -> str:
-    """The stable prompt-registry name of a role's text (``slca-exp.outcome.<file stem>``)."""
-    key = "fallback_prompt" if role == "outcome_fallback" else "prompt"
-    given = described.get(key)
-    stem = str(given).rsplit("/", 1)[-1].rsplit(".", 1)[0] if given else described["backend"]
-    return _PROMPT_NAME.sub("_", f"slca-exp.outcome.{stem}")

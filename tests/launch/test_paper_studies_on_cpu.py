@@ -3,10 +3,9 @@
 On the paper's recipe (verl's own checks of each translated config included) and at smoke scale.
 """
 
-import shutil
-
 import pytest
 
+from tests.paper_splits import toucan_named_folder
 from tests.skip_policy import require
 
 require("verl", reason="needs the verl extra")
@@ -14,7 +13,6 @@ require("verl", reason="needs the verl extra")
 from omegaconf import OmegaConf  # noqa: E402
 
 from slca_exp.cli import main  # noqa: E402
-from slca_exp.data.synthetic import generate  # noqa: E402
 from slca_exp.launch.command import study_notes, study_overrides  # noqa: E402
 from slca_exp.preflight.compose import CONFIG_DIR  # noqa: E402
 
@@ -45,12 +43,7 @@ SUBMITTED = ["launcher=slurm_gpu_4node", "launcher.partition=null", "--offline"]
 @pytest.fixture(scope="module")
 def toucan(tmp_path_factory):
     """A folder holding tiny splits under the paper's Toucan file names."""
-    made = tmp_path_factory.mktemp("made")
-    generate(made, 32, 5)
-    folder = tmp_path_factory.mktemp("toucan")
-    for split, name in (("sft", "sft_split_42k"), ("train", "rl"), ("val", "eval_4k")):
-        shutil.copy(made / f"{split}.parquet", folder / f"{name}.parquet")
-    return folder
+    return toucan_named_folder(tmp_path_factory, 32)
 
 
 @pytest.fixture

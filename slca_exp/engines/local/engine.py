@@ -309,12 +309,11 @@ class _LocalRun:
 
     def _score(self, rolls: Rollouts) -> Any:  # noqa: ANN401 - rewards.scorer.RewardBatch
         """The rewards of a batch of rollouts (the outcome judge's too, when it has one)."""
+        recorded = None
+        if self.outcome is not None:  # only the outcome judge reads the recorded answers
+            recorded = [Row(row).recorded() for row in rolls.rows]
         return self.reward.score(
-            rolls.texts,
-            _truths(rolls),
-            self.judge,
-            outcome=self.outcome,
-            recorded=[Row(row).recorded() for row in rolls.rows],
+            rolls.texts, _truths(rolls), self.judge, outcome=self.outcome, recorded=recorded
         )
 
     def _log_rollouts(self, view: BatchView, step: int, split: str) -> None:

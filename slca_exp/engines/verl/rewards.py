@@ -127,12 +127,13 @@ class SLCARewardManager(_RMBase):  # type: ignore[misc, valid-type]
         length = int(item.batch["attention_mask"][-responses.shape[-1] :].sum())
         text = self.tokenizer.decode(responses[:length].tolist(), skip_special_tokens=False)
         row = Row(item.non_tensor_batch)  # the row's columns travel with the item
-        truth, recorded = row.truth(), row.recorded()
+        truth = row.truth()
+        recorded = [row.recorded()] if self.outcome is not None else None
         loop = asyncio.get_running_loop()
         scored = await loop.run_in_executor(
             None,
             lambda: self.reward.score(
-                [text], [truth], self.judge, outcome=self.outcome, recorded=[recorded]
+                [text], [truth], self.judge, outcome=self.outcome, recorded=recorded
             ),
         )
         return _result(scored, ends_on_tool_call(text), corrected=self.corrected)
@@ -227,17 +228,25 @@ def reward_metrics(infos: Sequence[Mapping[str, Any]]) -> dict[str, float]:
         return {}
     tools, hierr = tool_rewards(rows)
     summaries = [_summary(r) for r in rows]
-    totals = [
-        math.nan
-        if (r[SUMMARY_FAILED_KEY] and not r[NO_SUMMARY_KEY]) or r.get(TOOL_FAILED_KEY)
-        else float(r[TOTAL_KEY])
-        for r in rows
-    ]
-    scores = RolloutScores(tool=[], summary=[], total=torch.tensor(totals))
+    scores = RolloutScores(tool=[], summary=[], total=torch.tensor(scored_totals(rows)))
     stats = reward_stats(tools, summaries, scores, hierr=hierr) | judge_stats(summaries)
     if all(OUTCOME_KEY in r for r in rows):
         stats |= outcome_stats([_outcome(r) for r in rows])
     return {key: value for key, value in stats.items() if math.isfinite(value)}
+
+
+def scored_totals(rows: Sequence[Mapping[str, Any]]) -> list[float]:
+    """Each row's total as the estimators use it: NaN where a judge left a segment absent.
+
+    ``rm_scores`` holds 0 for a summary (one the rollout has) or an R_tool that could not be
+    scored; the total of such a rollout is not a score.
+    """
+    return [
+        math.nan
+        if (r.get(SUMMARY_FAILED_KEY) and not r.get(NO_SUMMARY_KEY)) or r.get(TOOL_FAILED_KEY)
+        else float(r[TOTAL_KEY])
+        for r in rows
+    ]
 
 
 def tool_rewards(rows: Sequence[Mapping[str, Any]]) -> tuple[list[Any], list[Any]]:

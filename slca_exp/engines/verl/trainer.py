@@ -32,7 +32,6 @@ attached to is ended with the status the driver gives it (never FINISHED by a ki
 
 from __future__ import annotations
 
-import math
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -56,6 +55,7 @@ from slca_exp.engines.verl.rewards import (
     TOTAL_KEY,
     batch_infos,
     reward_metrics,
+    scored_totals,
 )
 from slca_exp.engines.verl.rollouts import ActiveRunLog, ValidationCapture, batch_view
 from slca_exp.engines.verl.stopping import (
@@ -133,10 +133,7 @@ def validation_metrics(
     rows = [info for info in infos if info and TOOL_KEY in info]
     if not rows:
         return {}
-    absent = absent_summary_rows(rows) | absent_tool_rows(rows)
-    totals = [
-        math.nan if gone else float(i[TOTAL_KEY]) for i, gone in zip(rows, absent, strict=True)
-    ]
+    totals = scored_totals(rows)
     hierr = [float(i.get("slca/tool/hierr", i["slca/tool/score"])) for i in rows]
     metrics = {names.val(k): v for k, v in reward_metrics(rows).items()}
     weights = {"process_weight": process_weight, "summary_weight": summary_weight}
@@ -299,8 +296,14 @@ class SLCATrainer(PPOTrainerSync):
         infos: list[Mapping[str, Any]] = []
 
         def read(batch: Any) -> Any:  # noqa: ANN401 - a KVBatchMeta
-            infos.extend(self._infos(batch))
-            return self._view(batch, "val", corrected=corrected) if logged else None
+            found = self._infos(batch)  # one read of the batch's reward info serves both
+            infos.extend(found)
+            if not logged:
+                return None
+            no_summary = no_summary_rows(found) if corrected else None
+            return batch_view(
+                batch, self.tokenizer, split="val", no_summary=no_summary, advantages=False
+            )
 
         buffer = self.replay_buffer
         capture = ValidationCapture(buffer, read)
@@ -330,19 +333,6 @@ class SLCATrainer(PPOTrainerSync):
             keys=batch.keys, partition_id=batch.partition_id, select_fields=["extra_fields"]
         )
         return batch_infos(data.pop("extra_fields").tolist())
-
-    def _view(self, batch: Any, split: str, *, corrected: bool) -> Any:  # noqa: ANN401
-        no_summary = None
-        if corrected:
-            import transfer_queue as tq
-
-            data = tq.kv_batch_get(
-                keys=batch.keys, partition_id=batch.partition_id, select_fields=["extra_fields"]
-            )
-            no_summary = no_summary_rows(batch_infos(data.pop("extra_fields").tolist()))
-        return batch_view(
-            batch, self.tokenizer, split=split, no_summary=no_summary, advantages=split == "train"
-        )
 
     def _log_rollouts(self, split: str, batches: list, no_summary: Any, per_step: int) -> None:  # noqa: ANN401
         """Log a training step's picked rollouts (the batch the actor receives)."""

@@ -10,13 +10,13 @@ the launcher sets it.
 
 import dataclasses
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from tests.paper_splits import toucan_named_folder
 from tests.skip_policy import require
 
 require("verl", reason="needs the verl extra")
@@ -25,7 +25,6 @@ pytestmark = pytest.mark.verl
 from omegaconf import OmegaConf  # noqa: E402
 
 from slca_exp.cli import main  # noqa: E402
-from slca_exp.data.synthetic import generate  # noqa: E402
 from slca_exp.engines.verl import rl_config, sft_config  # noqa: E402
 from slca_exp.engines.verl.checks import check_sft_config, check_verl_config  # noqa: E402
 from slca_exp.engines.verl.compose import compose_verl, verl_config_dir  # noqa: E402
@@ -371,12 +370,7 @@ def same(found, expected):
 @pytest.fixture(scope="module")
 def toucan(tmp_path_factory):
     """A folder holding tiny splits under the paper's Toucan file names."""
-    made = tmp_path_factory.mktemp("made")
-    generate(made, ROWS, 5)
-    folder = tmp_path_factory.mktemp("toucan")
-    for split, name in (("sft", "sft_split_42k"), ("train", "rl"), ("val", "eval_4k")):
-        shutil.copy(made / f"{split}.parquet", folder / f"{name}.parquet")
-    return folder
+    return toucan_named_folder(tmp_path_factory, ROWS)
 
 
 @pytest.mark.parametrize(("key", "value", "verl_key", "verl_value", "where"), RL)
