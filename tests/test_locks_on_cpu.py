@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+from filelock import FileLock, Timeout
 
 # Imported here once, so that the forks share them instead of each importing them again.
 import transformers.models.qwen2.modeling_qwen2  # noqa: F401
@@ -27,7 +28,7 @@ from slca_exp.config.schema import (
 )
 from slca_exp.data.splits import split_files
 from slca_exp.data.synthetic import MANIFEST, SPLIT_FILES
-from slca_exp.locks import LockTimeout, file_lock, lock_path
+from slca_exp.core.locking import lock_path
 from slca_exp.services.cache import ServiceCache
 from tests.concurrency import run_together
 
@@ -36,7 +37,7 @@ PROCESSES = 6
 
 def hold_and_log(lock: Path, log: Path, i: int) -> int:
     """Write ``enter i`` and ``leave i`` under the lock, with a pause between them."""
-    with file_lock(lock):
+    with FileLock(lock):
         with log.open("a") as f:
             f.write(f"enter {i}\n")
         time.sleep(0.02)
@@ -62,12 +63,29 @@ def test_a_lock_held_elsewhere_times_out_naming_the_file(tmp_path):
     assert lock == tmp_path / "mlflow.db.lock"
     # A second open file description conflicts with the first, even in one process.
     with (
-        file_lock(lock),
-        pytest.raises(LockTimeout, match=r"mlflow\.db\.lock"),
-        file_lock(lock, timeout_s=0.1),
+        FileLock(lock),
+        pytest.raises(Timeout, match=r"mlflow\.db\.lock"),
+        FileLock(lock, timeout=0.1),
     ):
         pass
-    with file_lock(lock, timeout_s=0.1):  # released
+    with FileLock(lock, timeout=0.1):  # released
+        pass
+    assert lock.is_file()  # left in place: waiters share one inode
+
+
+def hold_and_die(lock: Path) -> None:
+    FileLock(lock).acquire()
+    os._exit(0)  # no release: the kernel drops the lock with the process
+
+
+def test_a_lock_file_left_by_a_killed_holder_blocks_no_one(tmp_path):
+    lock = tmp_path / "x.lock"
+    pid = os.fork()
+    if pid == 0:
+        hold_and_die(lock)
+    os.waitpid(pid, 0)
+    assert lock.is_file()  # the stale lock file is still there
+    with FileLock(lock, timeout=0.1):
         pass
 
 

@@ -23,6 +23,8 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
+from filelock import FileLock
+
 from slca_exp.backbones.base import Backbone, BackboneError
 from slca_exp.backbones.chat import (
     IM_END,
@@ -33,7 +35,7 @@ from slca_exp.backbones.chat import (
     TEXT_TOKENS,
 )
 from slca_exp.config.schema import TinyArchConfig
-from slca_exp.locks import file_lock, lock_path
+from slca_exp.core.locking import lock_path
 
 BUILD_VERSION = 1
 """Bump when this module changes what it builds: cached folders from older builds are ignored."""
@@ -82,7 +84,7 @@ def build_tiny(
     folder = Path(cache_root) / "backbones" / key[:16]
     if not (folder / MANIFEST).is_file():
         # Jobs started together need the same folder: one builds it, the others wait and load it.
-        with file_lock(lock_path(folder)):
+        with FileLock(lock_path(folder)):
             if not (folder / MANIFEST).is_file():
                 _build_into(folder, texts, arch, int(seed), inputs)
     return load_folder(

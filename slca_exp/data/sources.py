@@ -23,8 +23,11 @@ from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any
 
+from filelock import FileLock
+
 from slca_exp.config.paths import output_root
 from slca_exp.config.schema import DataConfig, RunConfig
+from slca_exp.core.locking import lock_path
 from slca_exp.core.problems import Problem
 from slca_exp.core.shown import shown_path
 from slca_exp.data.domain import DOMAIN_VERSION
@@ -35,7 +38,6 @@ from slca_exp.data.synthetic import (
     generate,
     split_sizes,
 )
-from slca_exp.locks import file_lock, lock_path
 from slca_exp.registry import Registry
 
 SPLITS = ("sft", "train", "val")
@@ -152,7 +154,7 @@ class SyntheticSource(DataSource):
         d, out = config.data, self.folder(config)
         try:
             # Jobs started together generate the same folder: one does, the others then find it.
-            with file_lock(lock_path(out)):
+            with FileLock(lock_path(out)):
                 paths = generate(out, d.rows, d.seed)
         except (SyntheticFolderError, OSError) as err:
             return {}, [Problem("data.dir", str(err), "set data.dir to an empty or new folder")]

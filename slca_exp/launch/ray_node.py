@@ -27,6 +27,8 @@ import tempfile
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
+from filelock import FileLock
+
 from slca_exp.core.task import (
     PORT_SLOTS,
     ClusterError,
@@ -38,7 +40,6 @@ from slca_exp.core.task import (
     object_store_bytes,
 )
 from slca_exp.launch import supervise
-from slca_exp.locks import file_lock
 
 SOCKET_DIR_MAX = 43
 """Longest temp dir Ray's unix sockets fit under: ``<temp dir>/session_<date>_<pid>/sockets/
@@ -174,7 +175,7 @@ def ports_choice() -> Iterator[None]:
 
     Without it, two nodes starting at once on one host can both find the same block free.
     """
-    with file_lock(PORTS_LOCK):
+    with FileLock(PORTS_LOCK):
         yield
 
 

@@ -25,9 +25,11 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from filelock import FileLock
+
+from slca_exp.core.locking import lock_path
 from slca_exp.core.problems import ConfigError, Problem
 from slca_exp.core.shown import shown_path
-from slca_exp.locks import file_lock, lock_path
 from slca_exp.serve.definitions import GROUP, load_service, service_names
 from slca_exp.serve.job import ServiceJob, log_path
 from slca_exp.services.definition import definition_fingerprint
@@ -136,7 +138,7 @@ def _up(registry: ServiceRegistry, overrides: list[str], config_dirs: list[str],
         return _refuse(problems)
     # One `serve up` of a service at a time: two would both find it down and both submit.
     try:
-        with file_lock(lock_path(registry.record_path(definition.name))):
+        with FileLock(lock_path(registry.record_path(definition.name))):
             job = _start(registry, definition, profile_name, profile)
     except ConfigError as err:
         return _refuse(err.problems)

@@ -28,7 +28,9 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from slca_exp.locks import file_lock, lock_path
+from filelock import FileLock
+
+from slca_exp.core.locking import lock_path
 
 CACHE_DIR_ENV = "SLCA_EXP_CACHE_DIR"
 """Env var naming the folder of the default cache file."""
@@ -84,7 +86,7 @@ class ServiceCache:
         self._lock = threading.Lock()
         # Switching a new file to WAL does not wait for other connections (SQLite answers
         # "database is locked" at once), so jobs opening a new cache together take turns.
-        with file_lock(lock_path(self.path), timeout_s=timeout_s):
+        with FileLock(lock_path(self.path), timeout=timeout_s):
             self._conn: sqlite3.Connection | None = sqlite3.connect(
                 str(self.path), timeout=timeout_s, check_same_thread=False, isolation_level=None
             )

@@ -24,7 +24,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 from urllib.parse import unquote
 
-from slca_exp.locks import file_lock, lock_path
+from filelock import FileLock
+
+from slca_exp.core.locking import lock_path
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -61,7 +63,7 @@ def sqlite_file(uri: str) -> Path | None:
 def store_lock(uri: str) -> Iterator[None]:
     """Serialise a block against other processes using the same sqlite store (no-op otherwise)."""
     db = sqlite_file(uri)
-    with file_lock(lock_path(db)) if db is not None else nullcontext():
+    with FileLock(lock_path(db)) if db is not None else nullcontext():
         yield
 
 

@@ -23,10 +23,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from filelock import FileLock
 
 from slca_exp.config.paths import output_root, run_dir
 from slca_exp.config.schema import RunConfig
 from slca_exp.core import names
+from slca_exp.core.locking import lock_path
 from slca_exp.core.process import RunKilled, signals_deferred
 from slca_exp.core.rows import Row
 from slca_exp.engines.base import Engine
@@ -46,7 +48,6 @@ from slca_exp.engines.local.state import (
 from slca_exp.engines.local.update import rl_update
 from slca_exp.estimators import EstimatorParams, get_estimator
 from slca_exp.estimators.segments import SegmentSplit, split_segments
-from slca_exp.locks import file_lock, lock_path
 from slca_exp.rewards import HierRReward
 from slca_exp.rewards.routing import success_stats
 from slca_exp.rollouts.batch import BatchView, logged_rollouts
@@ -191,7 +192,7 @@ class _LocalRun:
         cached = output_root(self.cfg.tracking) / "cache" / "sft" / key
         # Jobs that share an SFT key (a sweep over RL settings) train it once: the others wait on
         # the key's lock, then load the weights it saved.
-        with file_lock(lock_path(cached)):
+        with FileLock(lock_path(cached)):
             if (cached / "config.json").is_file():
                 weights = type(self.model).from_pretrained(cached).state_dict()
                 self.model.load_state_dict(weights)
