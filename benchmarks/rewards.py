@@ -200,7 +200,7 @@ def bench_tool_reward(n, rounds):
 
 
 def bench_judge(requests, latency_ms, concurrency=32):
-    from slca_exp.config.schema import JudgeConfig
+    from slca_exp.config.services import JudgeConfig
     from slca_exp.judges import build_judge
     from slca_exp.judges.base import JudgeRequest
     from slca_exp.services.loopback import serve_in_subprocess

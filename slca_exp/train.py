@@ -20,7 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from slca_exp.config.schema import RunConfig
 from slca_exp.core.preemption import preemption_requeues
-from slca_exp.core.problems import ConfigError
+from slca_exp.core.problems import EXIT_BAD_CONFIG, ConfigError
 from slca_exp.core.process import EXIT_KILLED, RunKilled
 from slca_exp.engines import ENGINES, Engine
 from slca_exp.preflight import check_run
@@ -34,7 +34,6 @@ from slca_exp.tracking.console import mirrored_to_job_log
 from slca_exp.tracking.mlflow import TrackingError
 from slca_exp.tracking.redact import Redactor, install_log_redaction, redact_hydra_output
 
-EXIT_BAD_CONFIG = 2
 EXIT_TRACKING = 1
 EXIT_OUTAGE = 1
 

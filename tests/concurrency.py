@@ -26,7 +26,7 @@ _FORK.set_forkserver_preload(  # what the tests' targets import, so that no chil
         "mlflow",
         "pytest",
         "hypothesis",
-        "slca_exp.cli",
+        "slca_exp.commands.train",
         "slca_exp.backbones",
         "slca_exp.tracking.mlflow",
         "tests.concurrency",

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from slca_exp.cli import USAGE, main
+from slca_exp.commands import USAGE, main
 
 EXE = shutil.which("slca-exp") or str(Path(sys.executable).parent / "slca-exp")
 
@@ -98,11 +98,11 @@ def test_unknown_option_is_one_clear_line(tmp_path, command):
 # --- help for a terminal -----------------------------------------------------------------------
 
 COMMAND_MODULES = {  # the commands whose help argparse writes: their sub-commands are found there
-    "compare": "slca_exp.compare",
-    "rollouts": "slca_exp.tracking.rollouts_cli",
-    "ui": "slca_exp.ui",
-    "data": "slca_exp.data.cli",
-    "serve": "slca_exp.serve.cli",
+    "compare": "slca_exp.commands.compare",
+    "rollouts": "slca_exp.commands.rollouts",
+    "ui": "slca_exp.commands.ui",
+    "data": "slca_exp.commands.data",
+    "serve": "slca_exp.commands.serve",
 }
 MARKUP = re.compile(
     r"``[^`]*``"  # an RST literal

@@ -14,11 +14,11 @@ from hypothesis import strategies as st
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 
-from slca_exp.comparability import swept_components
-from slca_exp.compare import _group_labels, find_runs, plural
-from slca_exp.compare import main as compare_main
+from slca_exp.analysis.comparability import swept_components
+from slca_exp.analysis.runs import find_runs, group_labels
+from slca_exp.analysis.tables import format_table, plural
+from slca_exp.commands.compare import main as compare_main
 from slca_exp.tracking import lineage
-from slca_exp.tracking.text_table import _wrap, format_table
 from tests.tracking.sweeps import SLCA_EXE, run_train, shared_sweep
 
 
@@ -180,7 +180,7 @@ def test_runs_that_differ_only_in_seed_are_averaged(tmp_path, capsys):
     assert compare_main(args) == 0
     out = capsys.readouterr().out
     # the plots group the runs as the table does: one curve per algorithm, over its two seeds
-    labels = _group_labels(find_runs(client, "s1"))
+    labels = group_labels(find_runs(client, "s1"))
     assert sorted(labels) == ["algorithm=grpo (n=2)", "algorithm=slca_grpo (n=2)"]
     assert (out_dir / "rewards.png").is_file()
     grpo = next(line for line in out.splitlines() if line.startswith("2 ") and "slca" not in line)
@@ -222,9 +222,11 @@ def test_the_console_table_fits_120_columns_whatever_the_names(table):
 @settings(max_examples=100, deadline=None)
 @given(CELL, st.integers(6, 40))
 def test_a_wrapped_cell_keeps_every_character_in_order(text, width):
-    lines = _wrap(text, width)
-    assert all(len(line) <= width for line in lines)
-    assert "".join(lines).replace(" ", "") == text.replace(" ", "")
+    lines = format_table(["x"], [[text]], width=width).splitlines()
+    assert lines[0] == "x" and set(lines[1]) == {"-"}  # the header, its rule, then the cell
+    cell = lines[2:]
+    assert all(len(line) <= width for line in cell)
+    assert "".join(cell).replace(" ", "") == text.replace(" ", "")
 
 
 def test_counts_are_written_with_the_right_plural():

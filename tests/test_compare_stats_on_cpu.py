@@ -9,7 +9,7 @@ from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 from scipy import stats
 
-from slca_exp.compare import main as compare_main
+from slca_exp.commands.compare import main as compare_main
 from tests.tracking.sweeps import run_sweep
 
 ALGOS = ("grpo", "slca_grpo")
@@ -152,7 +152,8 @@ def test_a_studys_parent_records_it_and_the_report_states_the_expected_outcome(t
 def test_how_a_difference_changes_along_a_numeric_factor_is_a_paired_t_over_seeds():
     from types import SimpleNamespace
 
-    from slca_exp.compare_stats import interactions, seed_of, swept_value
+    from slca_exp.analysis.differences import interactions
+    from slca_exp.analysis.runs import seed_of, swept_value
 
     rng = random.Random(3)
     runs, values = [], {}

@@ -8,8 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
-from slca_exp.compare_stats import compare_sides
-from slca_exp.effects import mean_interval, paired, seeds_needed, welch
+from slca_exp.analysis.differences import compare_sides
+from slca_exp.analysis.estimates import mean_interval, paired, seeds_needed, welch
 
 pytestmark = pytest.mark.filterwarnings("ignore:Precision loss occurred:RuntimeWarning")
 values = st.floats(-10, 10, allow_nan=False, allow_subnormal=False)

@@ -44,7 +44,7 @@ def test_wheel_carries_the_config_tree_and_runs_from_anywhere(tmp_path):
     work = tmp_path / "elsewhere"
     work.mkdir()
     code = (
-        "import sys, slca_exp; from slca_exp.cli import main; print(slca_exp.__file__); "
+        "import sys, slca_exp; from slca_exp.commands import main; print(slca_exp.__file__); "
         "sys.exit(main(['validate', 'algorithm=grpo', 'experiment=smoke']))"
     )
     res = subprocess.run(

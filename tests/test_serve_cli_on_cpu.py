@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from slca_exp.cli import main
-from slca_exp.serve import cli as serve_cli
+from slca_exp.commands import main
+from slca_exp.launch import service_job
 from slca_exp.services.loopback import serve_in_thread
 from slca_exp.services.served import ServiceRecord, ServiceRegistry
 
@@ -20,7 +20,7 @@ MODEL = "loopback-judge"
 def slurm(monkeypatch):
     """SLURM's job states, as the test sets them (unknown jobs: ``None``, as without SLURM)."""
     states: dict[str, str] = {}
-    monkeypatch.setattr(serve_cli, "slurm_state", lambda job_id: states.get(job_id))
+    monkeypatch.setattr(service_job, "slurm_state", lambda job_id: states.get(job_id))
     return states
 
 

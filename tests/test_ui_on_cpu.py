@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 from mlflow import MlflowClient
 
-from slca_exp.cli import main
+from slca_exp.commands import main
+from slca_exp.commands.ui import server_command
 from slca_exp.core.tags import EXPERIMENT_KIND
 from slca_exp.tracking import lineage
-from slca_exp.ui import server_command
 
 
 def free_port() -> int:

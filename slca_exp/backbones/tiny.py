@@ -35,7 +35,6 @@ from slca_exp.backbones.chat import (
     TEXT_TOKENS,
 )
 from slca_exp.config.schema import TinyArchConfig
-from slca_exp.core.locking import lock_path
 
 BUILD_VERSION = 1
 """Bump when this module changes what it builds: cached folders from older builds are ignored."""
@@ -84,7 +83,7 @@ def build_tiny(
     folder = Path(cache_root) / "backbones" / key[:16]
     if not (folder / MANIFEST).is_file():
         # Jobs started together need the same folder: one builds it, the others wait and load it.
-        with FileLock(lock_path(folder)):
+        with FileLock(f"{folder}.lock"):
             if not (folder / MANIFEST).is_file():
                 _build_into(folder, texts, arch, int(seed), inputs)
     return load_folder(

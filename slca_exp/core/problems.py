@@ -7,7 +7,11 @@ them all and exits with status 2.
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
+
+EXIT_BAD_CONFIG = 2
+"""The exit status of a command refused for its config or its arguments."""
 
 
 @dataclass(frozen=True)
@@ -41,3 +45,9 @@ class ConfigError(Exception):
         n = len(self.problems)
         head = f"{self.subject} is invalid ({n} problem{'s' if n != 1 else ''}):"
         return "\n".join([head, *(f"  {p}".replace("\n", "\n  ") for p in self.problems)])
+
+
+def refuse(problems: list[Problem], subject: str = "the recipe") -> int:
+    """Print ``problems`` as one :class:`ConfigError` on stderr; returns :data:`EXIT_BAD_CONFIG`."""
+    print(f"slca-exp: {ConfigError(list(problems), subject)}", file=sys.stderr)
+    return EXIT_BAD_CONFIG

@@ -10,8 +10,7 @@
   ``synthetic``, ``files``, and whatever plugins register): where a split's files are, whether
   they are made here, what the recipe records of them;
 - ``splits.py``: ``split_files(config)``, ``load_split(path, name)``, ``load_splits(config)``
-  (missing files and bad rows raise ``DataError`` naming ``data.files.<split>``);
-- ``cli.py``: ``slca-exp data synth --out DIR --rows N --seed S``.
+  (missing files and bad rows raise ``DataError`` naming ``data.files.<split>``).
 
 The submodules are imported on use (``from slca_exp.data.splits import load_splits``): the
 generator needs only pyarrow, while ``splits`` pulls in the config schema.

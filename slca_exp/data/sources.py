@@ -27,7 +27,6 @@ from filelock import FileLock
 
 from slca_exp.config.paths import output_root
 from slca_exp.config.schema import DataConfig, RunConfig
-from slca_exp.core.locking import lock_path
 from slca_exp.core.problems import Problem
 from slca_exp.core.shown import shown_path
 from slca_exp.data.domain import DOMAIN_VERSION
@@ -154,7 +153,7 @@ class SyntheticSource(DataSource):
         d, out = config.data, self.folder(config)
         try:
             # Jobs started together generate the same folder: one does, the others then find it.
-            with FileLock(lock_path(out)):
+            with FileLock(f"{out}.lock"):
                 paths = generate(out, d.rows, d.seed)
         except (SyntheticFolderError, OSError) as err:
             return {}, [Problem("data.dir", str(err), "set data.dir to an empty or new folder")]

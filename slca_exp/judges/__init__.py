@@ -4,7 +4,7 @@ Build one from the ``judge`` config with :func:`build_judge`; :func:`describe_ju
 fields the recipe records without building anything (no network, no cache file).
 
 Example:
-    >>> from slca_exp.config.schema import JudgeConfig
+    >>> from slca_exp.config.services import JudgeConfig
     >>> judge = build_judge(JudgeConfig())
     >>> [r.status for r in judge.score([JudgeRequest("q?", "no tools, just an answer")])]
     ['short_circuit']

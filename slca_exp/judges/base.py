@@ -11,7 +11,6 @@ A judge rates the final reply of a rollout 1-5 from the question, the numbered
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -19,10 +18,10 @@ from typing import Any
 from slca_exp.core import names
 from slca_exp.rewards.judging import LABELS, STATUSES, Judge, JudgeRequest, JudgeResult
 from slca_exp.rewards.toolcalls import final_reply, tool_responses
+from slca_exp.services.backend import Backend, Counted
 
 __all__ = [
     "LABELS",
-    "Counted",
     "STATUSES",
     "Judge",
     "JudgeBase",
@@ -91,37 +90,16 @@ def batch_stats(results: Sequence[JudgeResult]) -> dict[str, float]:
     }
 
 
-class Counted:
-    """Counters of the results a judge gave: requests, short_circuits, cache_hits, failures.
-
-    Results are anything with a ``status`` (``ok`` | ``short_circuit`` | ``failed``) and a
-    ``cached`` flag: the summary judge's and the outcome judge's.
-    """
-
-    def __init__(self) -> None:
-        self._counts = {"requests": 0, "short_circuits": 0, "cache_hits": 0, "failures": 0}
-
-    def _count(self, results: Sequence[Any]) -> list[Any]:
-        self._counts["requests"] += len(results)
-        for r in results:
-            self._counts["short_circuits"] += r.status == "short_circuit"
-            self._counts["cache_hits"] += r.cached
-            self._counts["failures"] += r.status == "failed"
-        return list(results)
-
-    def stats(self) -> dict[str, float]:
-        """Counters since construction: requests, short_circuits, cache_hits, failures."""
-        return {k: float(v) for k, v in self._counts.items()}
-
-
-class JudgeBase(Counted, ABC):
+class JudgeBase(Counted, Backend):
     """Shared plumbing: the config's short-circuits, counters and the context manager.
+
+    Its counters: requests, short_circuits, cache_hits, failures.
 
     A judge backend is a subclass registered in ``slca_exp.judges.JUDGES`` under the name
     ``judge.backend`` picks; ``cls(cfg)`` builds it from the ``judge`` config.
     """
 
-    name = ""
+    STATUS_COUNTERS = {"short_circuit": "short_circuits", "failed": "failures"}
     remote: bool = False
     """Whether the judge asks a server: then validation requires ``judge.model`` and
     ``judge.base_url``, and ``validate`` / ``--dry-run`` probe that URL (unless ``--offline``)."""
@@ -137,35 +115,6 @@ class JudgeBase(Counted, ABC):
             no_tool_response=bool(self.cfg.short_circuit_no_tool_response),
             min_reply_chars=int(self.cfg.min_reply_chars),
         )
-
-    def describe(self) -> dict[str, Any]:
-        """The recipe fields of this judge."""
-        return type(self).describe_config(self.cfg)
-
-    @classmethod
-    @abstractmethod
-    def describe_config(cls, cfg: Any) -> dict[str, Any]:  # noqa: ANN401
-        """The recipe fields of the judge ``cfg`` would build (cheap: no network)."""
-
-    @classmethod
-    def prompt_text(cls, cfg: Any) -> str | None:  # noqa: ANN401
-        """The text whose sha256 is the recipe's ``prompt_sha256`` (None: nothing to register).
-
-        The recipe registers it in MLflow's prompt registry, one version per sha256.
-        """
-        return None
-
-    def close(self) -> None:  # noqa: B027 - optional hook: the rubric judge holds nothing
-        """Release resources (idempotent)."""
-
-    def __enter__(self) -> JudgeBase:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}({self.describe()!r})"
 
 
 def short_circuit_fields(cfg: Any) -> dict[str, Any]:  # noqa: ANN401

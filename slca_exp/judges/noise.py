@@ -15,7 +15,7 @@ flipped at ``p=0.5`` is also flipped at ``p=1`` (common random numbers across a 
 level). Each result keeps the judge's own rating as ``raw_rating``.
 
 Example:
-    >>> from slca_exp.config.schema import JudgeConfig, JudgeNoiseConfig
+    >>> from slca_exp.config.services import JudgeConfig, JudgeNoiseConfig
     >>> from slca_exp.judges import build_judge
     >>> cfg = JudgeConfig(min_reply_chars=0, noise=JudgeNoiseConfig(kind="flip", p=1.0))
     >>> request = JudgeRequest("q?", "<tool_response>x</tool_response> it is x", True)
@@ -35,6 +35,7 @@ from dataclasses import replace
 from typing import Any
 
 from slca_exp.rewards.judging import LABELS, Judge, JudgeRequest, JudgeResult
+from slca_exp.services.backend import Closing
 
 KINDS = ("none", "gaussian", "flip")
 MIN_RATING, MAX_RATING = 1, len(LABELS)
@@ -82,7 +83,7 @@ def request_draw(seed: int, request: JudgeRequest) -> random.Random:
     return random.Random(int.from_bytes(digest[:16], "big"))
 
 
-class NoisyJudge:
+class NoisyJudge(Closing):
     """A judge whose ``ok`` ratings are perturbed by ``judge.noise`` (see the module)."""
 
     def __init__(self, inner: Judge, cfg: Any, seed: int) -> None:  # noqa: ANN401
@@ -132,12 +133,6 @@ class NoisyJudge:
     def close(self) -> None:
         """Close the inner judge."""
         self.inner.close()
-
-    def __enter__(self) -> NoisyJudge:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         return f"NoisyJudge({self.inner!r}, kind={self.kind}, level={self.level:g})"

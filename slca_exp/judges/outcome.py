@@ -27,12 +27,12 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import Any
 
-from slca_exp.judges.base import Counted
 from slca_exp.judges.rubric import Fact, Statement, response_facts
 from slca_exp.registry import Registry
 from slca_exp.rewards.judging import OutcomeRequest, OutcomeResult
 from slca_exp.rewards.toolcalls import TOOL_CALL, TOOL_RESPONSE, blocks, final_reply, strip_think
 from slca_exp.rewards.toolcalls import tool_responses as responses_of
+from slca_exp.services.backend import Closing, Counted
 from slca_exp.services.cache import cache_key, canonical_json, open_cache
 from slca_exp.services.cached import Answer, CachedChat, user_request
 from slca_exp.services.client import ChatClient, ChatRequest
@@ -95,7 +95,7 @@ def render_interactions(response_text: str) -> str:
     return "\n\n".join(parts) if parts else "(no tool calls)"
 
 
-class OutcomeJudgeBase(Counted, ABC):
+class OutcomeJudgeBase(Counted, Closing, ABC):
     """Shared plumbing: the short-answer rule, counters, the recipe fields, the context manager.
 
     A backend is a subclass registered in :data:`OUTCOME_JUDGES`; ``cls(outcome, judge)`` builds
@@ -103,6 +103,7 @@ class OutcomeJudgeBase(Counted, ABC):
     """
 
     name = ""
+    STATUS_COUNTERS = {"short_circuit": "short_circuits", "failed": "failures"}
     remote: bool = False
     """Whether it asks the judge's server (then ``judge.backend`` must ask one too)."""
 
@@ -145,15 +146,6 @@ class OutcomeJudgeBase(Counted, ABC):
         Each text hashes to the recorded ``prompt_sha256`` (``fallback_prompt_sha256``).
         """
         return {}
-
-    def close(self) -> None:  # noqa: B027 - optional hook: the facts judge holds nothing
-        """Release resources (idempotent)."""
-
-    def __enter__(self) -> OutcomeJudgeBase:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 class FactsOutcomeJudge(OutcomeJudgeBase):

@@ -17,9 +17,9 @@ cluster for the engine, which finds it through ``RAY_ADDRESS`` (verl's ``ray.ini
 3. Every other rank waits for that address, joins with ``ray start --address=... --block`` and
    writes ``rank<k>.joined``.
 4. Rank 0 waits until the N nodes are alive, runs one small task pinned to each of them (every
-   node must execute work), exports ``RAY_ADDRESS``, calls ``main`` with a :class:`ClusterInfo`,
-   then writes ``head.done`` (``head.failed`` when anything raised), waits a little for the
-   workers to leave and stops its node.
+   node must execute work, ``probe.py``), exports ``RAY_ADDRESS``, calls ``main`` with a
+   :class:`ClusterInfo`, then writes ``head.done`` (``head.failed`` when anything raised), waits
+   a little for the workers to leave and stops its node.
 5. A worker that sees ``head.done`` (or ``head.failed``) stops its node, writes ``rank<k>.left``
    and returns ``None``: it exits cleanly when the head is done (and fails after
    :data:`HEAD_LOST_S` when the head vanishes without a word).
@@ -55,12 +55,13 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from slca_exp.core.process import RunKilled, deferrable, signals_deferred
-from slca_exp.core.task import ClusterError, NodeResources, Ports, TaskInfo
+from slca_exp.core.task import ClusterError, NodeResources, TaskInfo
+from slca_exp.launch.probe import NodeInfo, probe_nodes, wait_for_nodes
 from slca_exp.launch.ray_node import (
     RayNode,
     free_ports,
@@ -78,9 +79,7 @@ from slca_exp.launch.rendezvous import (
     POLL_S,
     HeadFailed,
     describe_failures,
-    joined_reports,
     new_token,
-    node_key,
     present_names,
     raise_if_head_failed,
     raise_reported,
@@ -97,31 +96,12 @@ T = TypeVar("T")
 
 START_TIMEOUT_S = 120.0
 """Longest wait for a ``ray start`` to answer (the head's GCS, a worker's node manager)."""
-PROBE_TIMEOUT_S = 120.0
-"""Longest wait for the probe tasks, one per node."""
 LEAVE_TIMEOUT_S = 30.0
 """How long the head waits for the workers to stop their nodes before it stops its own."""
 ACK_TIMEOUT_S = 10.0
 """How long a failing worker waits for the head to take its report in before exiting."""
 HEAD_LOST_S = 30.0
 """How long a worker tolerates a head whose GCS does not answer before it gives up."""
-
-
-@dataclass(frozen=True)
-class NodeInfo:
-    """One alive node of the cluster, as Ray lists it and as its probe task saw it."""
-
-    node_id: str
-    rank: int | None
-    """The task that runs the node (``None`` when it cannot be told)."""
-    ip: str
-    node_manager_port: int
-    temp_dir: str
-    hostname: str
-    """``socket.gethostname()`` in the probe task that ran on the node."""
-    probe_pid: int
-    """The process id of the Ray worker that ran the probe task."""
-    resources: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -210,8 +190,8 @@ def _serve_head(
         handler = signal.getsignal(signal.SIGTERM)
         ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
         try:
-            alive = _wait_for_nodes(task, node, join_timeout_s)
-            nodes = _probe(task, alive, ip, ports)
+            alive = wait_for_nodes(task, node, join_timeout_s)
+            nodes = probe_nodes(task, alive, ip, ports)
         finally:
             ray.shutdown()
             if _in_main_thread() and handler is not None:
@@ -244,89 +224,6 @@ def _serve_head(
                 node.stop(remove_temp_dir=done)
             with contextlib.suppress(OSError):  # the cluster is gone: so is its token
                 (rendezvous / AUTH_TOKEN).unlink()
-
-
-def _wait_for_nodes(task: TaskInfo, node: RayNode, join_timeout_s: float) -> list[dict]:
-    import ray
-
-    deadline = time.monotonic() + join_timeout_s
-    while True:
-        raise_reported(task)
-        node.check()
-        alive = [n for n in ray.nodes() if n.get("Alive")]
-        if len(alive) >= task.world_size:
-            return alive
-        if time.monotonic() > deadline:
-            up = {(n["NodeManagerAddress"], n["NodeManagerPort"]) for n in alive}
-            joined = joined_reports(task)
-            missing = [
-                k
-                for k in range(1, task.world_size)
-                if k not in joined or node_key(joined[k]) not in up
-            ]
-            detail = ", ".join(f"rank {k} (its log: {task.log_of(k)})" for k in missing)
-            raise ClusterError(
-                f"only {len(alive)}/{task.world_size} Ray nodes joined within "
-                f"{join_timeout_s:g} s; missing: {detail}"
-            )
-        time.sleep(POLL_S)
-
-
-def _probe(task: TaskInfo, alive: list[dict], head_ip: str, ports: Ports) -> tuple[NodeInfo, ...]:
-    """Run one task pinned to every node; every node must execute work."""
-    import ray
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-    @ray.remote(num_cpus=0, max_retries=0)
-    def probe() -> dict[str, Any]:
-        import os
-        import socket
-
-        import ray
-
-        return {
-            "hostname": socket.gethostname(),
-            "pid": os.getpid(),
-            "node_id": ray.get_runtime_context().get_node_id(),
-        }
-
-    refs = {
-        probe.options(
-            scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)
-        ).remote(): n
-        for n in alive
-    }
-    pending = list(refs)
-    deadline = time.monotonic() + PROBE_TIMEOUT_S
-    while pending:
-        raise_reported(task)
-        _, pending = ray.wait(pending, num_returns=len(pending), timeout=POLL_S)
-        if pending and time.monotonic() > deadline:
-            late = ", ".join(refs[ref]["NodeManagerAddress"] for ref in pending)
-            raise ClusterError(
-                f"Ray nodes at {late} ran no task within {PROBE_TIMEOUT_S:.0f} s (see {task.log})"
-            )
-    ranks = {node_key(j): k for k, j in joined_reports(task).items()}
-    ranks[(head_ip, ports.node_manager)] = 0
-    nodes = []
-    for ref, n in refs.items():
-        seen = ray.get(ref)
-        if seen["node_id"] != n["NodeID"]:
-            raise ClusterError(f"the probe for node {n['NodeID']} ran on {seen['node_id']}")
-        raylet = Path(n.get("RayletSocketName", ""))
-        nodes.append(
-            NodeInfo(
-                node_id=n["NodeID"],
-                rank=ranks.get((n["NodeManagerAddress"], n["NodeManagerPort"])),
-                ip=n["NodeManagerAddress"],
-                node_manager_port=int(n["NodeManagerPort"]),
-                temp_dir=str(raylet.parents[2]) if len(raylet.parts) > 3 else "",
-                hostname=seen["hostname"],
-                probe_pid=int(seen["pid"]),
-                resources={k: float(v) for k, v in n.get("Resources", {}).items()},
-            )
-        )
-    return tuple(sorted(nodes, key=lambda n: (n.rank is None, n.rank or 0)))
 
 
 def _disconnect_driver() -> None:

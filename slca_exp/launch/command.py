@@ -12,6 +12,10 @@ any other sweep and the profile's problems are reported with the recipe's:
   (the default ``rubric``), not chosen on the command line, adds ``judge=served``: the model
   that service serves (:mod:`slca_exp.services.served`). A judge chosen on the command line is
   kept, and a non-served one is refused with the key.
+
+``train`` and ``validate`` read their command lines with :func:`read_command_line` (Hydra's
+flags, the study and the profile unfolded, the launcher Hydra would use) and check every job
+with :func:`check_jobs`.
 """
 
 from __future__ import annotations
@@ -35,6 +39,8 @@ STUDY_ENV = "SLCA_EXP_STUDY"
 """The study's name while its sweep launches; the sweep's parent run records it (tag STUDY)."""
 SERVICE_GROUP = "service"
 """The group of ``slca-exp serve up`` (service definitions): not a run's."""
+OWN_FLAGS = ("--dry-run", "--offline")
+"""The flags of ``train`` / ``validate`` that are not Hydra's."""
 
 
 @dataclass
@@ -176,3 +182,93 @@ def _unfold_study(
 
 def _study_dirs(extra_config_dirs: Sequence[str]) -> list[Path]:
     return [Path(d) / STUDY_GROUP for d in extra_config_dirs] + [CONFIG_DIR / STUDY_GROUP]
+
+
+def hydra_args(rest: list[str]):  # noqa: ANN201 - argparse.Namespace from Hydra's own parser
+    """``rest`` parsed by Hydra's own parser: both commands take exactly Hydra's flags."""
+    # hydra-core is pinned below 1.4, where this module lives.
+    from hydra._internal.utils import get_args_parser
+
+    return get_args_parser().parse_args(rest)
+
+
+@dataclass
+class CommandLine:
+    """A train or validate command line, unfolded and with its launcher resolved."""
+
+    args: object
+    """Hydra's parsed flags (``argparse.Namespace``)."""
+    rest: list[str]
+    """The flags and overrides Hydra gets."""
+    launcher: str = "launcher=local"
+    """The launcher as the user chose it (``launcher=slurm_cpu``, ``hydra/launcher=...``)."""
+    profile: object = None
+    """Its :class:`~slca_exp.launch.profiles.LauncherProfile` (``None`` when it has problems)."""
+    submits: bool = False
+    """The launcher hands the jobs to submitit: every run is a sweep (``-m``)."""
+    problems: list[Problem] = field(default_factory=list)
+    """The launcher's and the study's problems."""
+    study: str | None = None
+    """The ready study (``sweep=<name>``) the command line unfolded, if any."""
+
+
+def read_command_line(rest: list[str]) -> CommandLine:
+    """Parse ``rest``, unfold its ``sweep=`` and ``launcher=``, resolve its launcher."""
+    from slca_exp.launch.dry_run import hydra_launcher
+
+    args = hydra_args(rest)
+    dirs = [args.config_dir] if args.config_dir else []
+    unfolded = plan(args.overrides, dirs, args.config_name)
+    if unfolded.overrides != args.overrides:
+        flags = list(rest)
+        for override in args.overrides:  # the overrides are the positional arguments
+            flags.remove(override)
+        rest = flags + unfolded.overrides
+        args = hydra_args(rest)
+    command = CommandLine(args, rest, f"launcher={unfolded.launcher}", unfolded.profile)
+    command.study = unfolded.study
+    command.problems = list(unfolded.problems)
+    touching = [o for o in args.overrides if o.startswith(("hydra/launcher=", "hydra.launcher."))]
+    own = [o for o in touching if not o.startswith("hydra/launcher=slca_")]  # not launcher='s
+    if own:  # the user set Hydra's launcher directly: read back what Hydra would launch with
+        chosen = hydra_launcher(touching, args.config_name or CONFIG_NAME, dirs)
+        if chosen is not None:
+            _, command.profile, found = chosen
+            shown = [] if len(own) == len(touching) else [command.launcher]
+            command.launcher = " ".join([*shown, *own])
+            command.problems += found
+    kind = getattr(command.profile, "kind", "basic")
+    command.submits = kind != "basic"
+    if unfolded.study and not (args.multirun or command.submits):
+        command.problems.append(
+            Problem(
+                "sweep",
+                f"sweep={unfolded.study} is a sweep of several jobs and -m is not given",
+                f"add -m: slca-exp train -m sweep={unfolded.study}",
+            )
+        )
+    return command
+
+
+def check_jobs(command: CommandLine, *, probe: bool):  # noqa: ANN201 - a preflight.Preflight
+    """Every job's preflight, the launcher's problems and the shared-store check included."""
+    from slca_exp.launch.profiles import network_store_problems
+    from slca_exp.preflight import preflight
+
+    args = command.args
+    checked = preflight(
+        args.overrides,
+        config_name=args.config_name or CONFIG_NAME,
+        extra_config_dirs=[args.config_dir] if args.config_dir else [],
+        # A launcher that submits runs every command as a sweep (of one job, or more).
+        multirun=bool(args.multirun) or command.submits,
+        probe=probe,
+        here=not command.submits,
+        found=command.problems,
+    )
+    # Jobs on other nodes must not share a sqlite store on a network filesystem.
+    for config in checked.typed:
+        for problem in network_store_problems(command.profile, config.tracking):
+            if problem not in checked.problems:
+                checked.problems.append(problem)
+    return checked

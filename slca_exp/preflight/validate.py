@@ -4,7 +4,7 @@ Four passes over the composed ``DictConfig``:
 
 1. structure: keys the schema does not know (typos, or keys added with ``+``), values left
    missing (``???``);
-2. field checks declared beside each field in ``schema.py`` (ranges, choices);
+2. field checks declared beside each field in ``schema.py`` and ``services.py`` (ranges, choices);
 3. names that pick a registry entry (``judge.backend``, ``simulator.backend``, ``data.kind``,
    ``tracking.backends``), against the registries, plugins' entries included (:func:`registries`);
 4. cross-field checks below (tool weights summing to 1, a judge that asks a server needing a

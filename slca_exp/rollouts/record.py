@@ -297,12 +297,12 @@ def build_record(
     turns = _turns(codes, ids, decode)
     learnable = [bool(m) for m in response_mask]
     adv = (
-        [_number(a) if on else None for a, on in zip(advantages, learnable, strict=True)]
+        [finite_or_none(a) if on else None for a, on in zip(advantages, learnable, strict=True)]
         if advantages is not None
         else [None] * n
     )
     lps = (
-        [_number(lp) if on else None for lp, on in zip(logprobs, learnable, strict=True)]
+        [finite_or_none(lp) if on else None for lp, on in zip(logprobs, learnable, strict=True)]
         if logprobs is not None
         else [None] * n
     )
@@ -325,8 +325,8 @@ def build_record(
         turns=turns,
         calls=_calls(turns, answers),
         rewards=rewards,
-        tool_adv=_number(tool_adv),
-        summary_adv=_number(summary_adv),
+        tool_adv=finite_or_none(tool_adv),
+        summary_adv=finite_or_none(summary_adv),
         ends_on_tool_call=bool(ends_on_tool_call),
     )
 
@@ -403,7 +403,8 @@ def _calls(
     return calls
 
 
-def _number(value: Any) -> float | None:  # noqa: ANN401
+def finite_or_none(value: Any) -> float | None:  # noqa: ANN401
+    """``value`` as a float, or ``None`` when it is missing or not finite (JSON has no NaN)."""
     if value is None:
         return None
     value = float(value)

@@ -30,8 +30,6 @@ from typing import Any
 
 from filelock import FileLock
 
-from slca_exp.core.locking import lock_path
-
 CACHE_DIR_ENV = "SLCA_EXP_CACHE_DIR"
 """Env var naming the folder of the default cache file."""
 
@@ -86,7 +84,7 @@ class ServiceCache:
         self._lock = threading.Lock()
         # Switching a new file to WAL does not wait for other connections (SQLite answers
         # "database is locked" at once), so jobs opening a new cache together take turns.
-        with FileLock(lock_path(self.path), timeout=timeout_s):
+        with FileLock(f"{self.path}.lock", timeout=timeout_s):
             self._conn: sqlite3.Connection | None = sqlite3.connect(
                 str(self.path), timeout=timeout_s, check_same_thread=False, isolation_level=None
             )

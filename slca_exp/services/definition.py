@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from slca_exp.config.fields import param
-from slca_exp.services.vllm_options import recorded
+from slca_exp.services.vllm_line import recorded
 
 ROLES = ("judge", "simulator")
 """The run config groups a service can stand behind."""
@@ -203,7 +203,7 @@ def vllm_problems(definition: ServiceDefinition) -> list[tuple[str, str, str]]:
     """(key, what, fix) for each problem of the definition's ``vllm serve`` line.
 
     The line is read against the options of the vLLM the ``gpu`` extra pins, recorded from its
-    parser (:mod:`slca_exp.services.vllm_options`); each problem names the field it comes from.
+    parser (:mod:`slca_exp.services.vllm_line`); each problem names the field it comes from.
     ``extra_args`` may not set what a field sets: vLLM would take the last, while the launcher
     checks and the fingerprint take the field; nor the API key, which would be on the line.
 

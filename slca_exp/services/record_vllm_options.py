@@ -11,7 +11,7 @@ It builds the parser ``vllm serve`` parses its arguments with (vLLM's ``make_arg
 writes each option as argparse holds it: its flags, action, ``nargs``, choices, and the type of
 its value, named from vLLM's converter (:data:`slca_exp.services.vllm_options.VALUE_TYPES`).
 Defaults and help texts are left out: the defaults depend on the machine's platform, the options
-do not. :mod:`slca_exp.services.vllm_options` reads the record; nothing here runs without vLLM.
+do not. :mod:`slca_exp.services.vllm_line` reads the record; nothing here runs without vLLM.
 """
 
 from __future__ import annotations

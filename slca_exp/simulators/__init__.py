@@ -4,7 +4,7 @@ Build one from the ``simulator`` config with :func:`build_simulator`; :func:`des
 gives the fields the recipe records without building anything (no network, no cache file).
 
 Example:
-    >>> from slca_exp.config.schema import SimulatorConfig
+    >>> from slca_exp.config.services import SimulatorConfig
     >>> from slca_exp.rewards.types import ToolCall
     >>> sim = build_simulator(SimulatorConfig())
     >>> recorded = ({"name": "weather", "arguments": {"city": "Paris"}, "content": "21 C"},)

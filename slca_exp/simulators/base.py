@@ -9,13 +9,14 @@ that cannot answer after its retries gives ``status="failed"`` with a JSON error
 from __future__ import annotations
 
 import json
-from abc import ABC, abstractmethod
+from abc import abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from slca_exp.core import names
 from slca_exp.rewards.types import ToolCall
+from slca_exp.services.backend import Backend, Counted
 
 STATUSES = ("ok", "schema_error", "failed")
 
@@ -109,31 +110,27 @@ class Simulator(Protocol):
         """The recipe fields of this simulator (backend, model, prompt hash, decoding)."""
         ...
 
-    def stats(self) -> dict[str, float]:
-        """Counters since construction: requests, schema_errors, cache_hits, failures."""
-        ...
-
     def close(self) -> None:
         """Release connections and files (idempotent)."""
         ...
 
 
-class SimulatorBase(ABC):
+class SimulatorBase(Counted, Backend):
     """Shared plumbing: ``respond`` over ``respond_batch``, counters, context manager.
 
     A simulator backend is a subclass registered in ``slca_exp.simulators.SIMULATORS`` under the
     name ``simulator.backend`` picks; ``cls(cfg)`` builds it from the ``simulator`` config.
     """
 
-    name = ""
+    STATUS_COUNTERS = {"schema_error": "schema_errors", "failed": "failures"}
     remote: bool = False
     """Whether the simulator asks a server: then validation requires ``simulator.model`` and
     ``simulator.base_url``, and ``validate`` / ``--dry-run`` probe that URL (unless
     ``--offline``)."""
 
     def __init__(self, cfg: Any) -> None:  # noqa: ANN401
+        super().__init__()
         self.cfg = cfg
-        self._counts = {"requests": 0, "schema_errors": 0, "cache_hits": 0, "failures": 0}
 
     def respond(
         self, call: ToolCall, schema: dict[str, Any] | None, context: SimContext | None = None
@@ -152,43 +149,6 @@ class SimulatorBase(ABC):
     def stats(self) -> dict[str, float]:
         """Counters since construction: requests, schema_errors, cache_hits, failures."""
         return {k: float(v) for k, v in self._counts.items()}
-
-    def describe(self) -> dict[str, Any]:
-        """The recipe fields of this simulator."""
-        return type(self).describe_config(self.cfg)
-
-    @classmethod
-    @abstractmethod
-    def describe_config(cls, cfg: Any) -> dict[str, Any]:  # noqa: ANN401
-        """The recipe fields of the simulator ``cfg`` would build (cheap: no network)."""
-
-    @classmethod
-    def prompt_text(cls, cfg: Any) -> str | None:  # noqa: ANN401
-        """The text whose sha256 is the recipe's ``prompt_sha256`` (None: nothing to register).
-
-        The recipe registers it in MLflow's prompt registry, one version per sha256.
-        """
-        return None
-
-    def close(self) -> None:  # noqa: B027 - optional hook: local simulators hold nothing
-        """Release resources (idempotent)."""
-
-    def __enter__(self) -> SimulatorBase:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}({self.describe()!r})"
-
-    def _count(self, responses: Sequence[ToolResponse]) -> list[ToolResponse]:
-        self._counts["requests"] += len(responses)
-        for r in responses:
-            self._counts["schema_errors"] += r.status == "schema_error"
-            self._counts["cache_hits"] += r.cached
-            self._counts["failures"] += r.status == "failed"
-        return list(responses)
 
 
 def check_fields(cfg: Any) -> dict[str, bool]:  # noqa: ANN401

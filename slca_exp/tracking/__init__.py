@@ -5,7 +5,9 @@
 (backends), ``store`` and ``uris`` (the MLflow store), ``mlflow_app`` (the UI's server),
 ``spool`` and ``replay`` (metrics kept while a server is away), ``redact`` (secrets), ``plots``,
 ``sweep_runs`` (the runs of a sweep), ``lineage`` (splits, prompts and the policy as MLflow
-datasets, registered prompts and models), ``closing`` (where a run's results are).
+datasets, registered prompts and models), ``closing`` (where a run's results are),
+``readback`` (a run and its logged rollouts read back from the store), ``rollout_text`` (a
+rollout as terminal text).
 The backends' modules are imported when a run builds them, so that importing this package stays
 cheap.
 

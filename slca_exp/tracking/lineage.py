@@ -203,7 +203,7 @@ def register_prompt(client: MlflowClient, name: str, text: str, sha256: str) -> 
 
     Args:
         client: a client of the store (sqlite or server).
-        name: the stable registry name (``slca_exp.recipe.prompt_registry_name``).
+        name: the stable registry name (``slca_exp.recipe.components.prompt_registry_name``).
         text: the template (or rule) text.
         sha256: sha256 (hex) of ``text``.
 

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from slca_exp.rollouts import files
-from slca_exp.rollouts.record import RolloutRecord
+from slca_exp.rollouts.record import RolloutRecord, finite_or_none
 
 COMPONENTS = ("format", "name", "key", "value", "parallel")
 
@@ -44,21 +44,21 @@ def _row(r: RolloutRecord) -> dict[str, Any]:
         "rank": r.rank,
         "response": r.response,
         "gold_calls": json.dumps(r.gold, ensure_ascii=False),
-        "tool_reward": _num(rewards.tool),
+        "tool_reward": finite_or_none(rewards.tool),
     }
     for part in COMPONENTS:
-        row[f"tool_{part}"] = _num(rewards.components.get(part))
+        row[f"tool_{part}"] = finite_or_none(rewards.components.get(part))
     row.update(
         {
             "summary_rating": rewards.rating,
             "judge_raw_rating": rewards.raw_rating,
-            "summary_reward": _num(rewards.summary),
+            "summary_reward": finite_or_none(rewards.summary),
             "judge_status": rewards.judge_status,
-            "total": _num(rewards.total),
-            "tool_hierr": _num(rewards.hierr),
+            "total": finite_or_none(rewards.total),
+            "tool_hierr": finite_or_none(rewards.hierr),
             "outcome_verdict": rewards.outcome,
-            "tool_advantage": _num(r.tool_adv),
-            "summary_advantage": _num(r.summary_adv),
+            "tool_advantage": finite_or_none(r.tool_adv),
+            "summary_advantage": finite_or_none(r.summary_adv),
             "turns": sum(1 for t in r.turns if t.role == "assistant"),
             "tool_calls": len(r.calls),
             "length": len(r.token_ids),
@@ -226,12 +226,3 @@ def _flush_traces() -> None:
     flush = getattr(mlflow, "flush_trace_async_logging", None)
     if callable(flush):
         flush()
-
-
-def _num(value: Any) -> float | None:  # noqa: ANN401
-    import math
-
-    if value is None:
-        return None
-    number = float(value)
-    return number if math.isfinite(number) else None

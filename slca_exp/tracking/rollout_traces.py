@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from slca_exp.core.tags import SIMULATOR
+from slca_exp.rollouts.record import finite_or_none
 
 if TYPE_CHECKING:
     from slca_exp.rollouts.record import RolloutRecord
@@ -118,7 +119,7 @@ def root_attributes(record: RolloutRecord) -> dict[str, Any]:
     )
     out: dict[str, Any] = {}
     for name, value in zip(ROOT_NUMBERS, numbers, strict=True):
-        number = _finite(value)
+        number = finite_or_none(value)
         if number is not None:
             out[name] = number
     out[ROOT_FLAGS[0]] = bool(record.ends_on_tool_call)
@@ -195,12 +196,3 @@ def _tool_attributes(call: Any, turn: int, simulator: str) -> dict[str, Any]:  #
     status = (answer.status if answer else None) or ("unanswered" if answer is None else "")
     values = (turn, simulator, status or "unknown", None if answer is None else answer.cached)
     return {k: v for k, v in zip(TOOL_ATTRIBUTES, values, strict=True) if v is not None}
-
-
-def _finite(value: Any) -> float | None:  # noqa: ANN401
-    import math
-
-    if value is None or isinstance(value, bool):
-        return None if value is None else float(value)
-    number = float(value)
-    return number if math.isfinite(number) else None

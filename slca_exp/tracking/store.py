@@ -26,8 +26,6 @@ from urllib.parse import unquote
 
 from filelock import FileLock
 
-from slca_exp.core.locking import lock_path
-
 if TYPE_CHECKING:
     from mlflow import MlflowClient
 
@@ -63,7 +61,7 @@ def sqlite_file(uri: str) -> Path | None:
 def store_lock(uri: str) -> Iterator[None]:
     """Serialise a block against other processes using the same sqlite store (no-op otherwise)."""
     db = sqlite_file(uri)
-    with FileLock(lock_path(db)) if db is not None else nullcontext():
+    with FileLock(f"{db}.lock") if db is not None else nullcontext():
         yield
 
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from slca_exp.cli import main
+from slca_exp.commands import main
 
 EXE = shutil.which("slca-exp") or str(Path(sys.executable).parent / "slca-exp")
 

@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from slca_exp.config.schema import JudgeConfig, SimulatorConfig
+from slca_exp.config.services import JudgeConfig, SimulatorConfig
 from slca_exp.data import domain
 from slca_exp.data.rows import hermes_text
 from slca_exp.data.synthetic import MANIFEST, SyntheticFolderError, generate, split_sizes

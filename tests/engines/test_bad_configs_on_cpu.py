@@ -8,7 +8,7 @@ import torch
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from slca_exp.cli import main
+from slca_exp.commands import main
 from tests.skip_policy import require
 
 FOREIGN = "{foreign}"

@@ -13,10 +13,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from slca_exp.backbones.hf import load_folder
-from slca_exp.config.schema import JudgeConfig, RewardConfig
+from slca_exp.config.schema import RewardConfig
+from slca_exp.config.services import JudgeConfig
 from slca_exp.core import names
-from slca_exp.engines.local.engine import segments
 from slca_exp.engines.local.rollout import RolloutSettings
+from slca_exp.engines.local.update import segments
 from slca_exp.estimators import EstimatorParams, get_estimator
 from slca_exp.estimators.segments import split_segments
 from slca_exp.judges import build_judge

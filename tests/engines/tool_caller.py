@@ -9,7 +9,8 @@ import torch
 
 from slca_exp.backbones import load_backbone
 from slca_exp.backbones.chat import render_prompt, render_text, tool_turn_text
-from slca_exp.config.schema import BackboneConfig, SFTConfig, SimulatorConfig, TinyArchConfig
+from slca_exp.config.schema import BackboneConfig, SFTConfig, TinyArchConfig
+from slca_exp.config.services import SimulatorConfig
 from slca_exp.core.rows import Row
 from slca_exp.data.splits import load_split
 from slca_exp.data.synthetic import generate

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from slca_exp.config.schema import JudgeConfig
+from slca_exp.config.services import JudgeConfig
 from slca_exp.judges import JudgeRequest, batch_stats, build_judge, describe_judge, parse_rating
 from slca_exp.judges.llm import DEFAULT_PROMPT
 from slca_exp.services import MissingAPIKeyError

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from slca_exp.config.schema import JudgeConfig, JudgeNoiseConfig
+from slca_exp.config.services import JudgeConfig, JudgeNoiseConfig
 from slca_exp.judges import JudgeRequest, JudgeResult, NoisyJudge, build_judge, describe_judge
 from slca_exp.judges.noise import perturbed_rating
 from slca_exp.rewards.summary import from_judge, judge_stats

@@ -5,7 +5,8 @@ import math
 
 import pytest
 
-from slca_exp.config.schema import JudgeConfig, OutcomeJudgeConfig, RewardConfig
+from slca_exp.config.schema import OutcomeJudgeConfig, RewardConfig
+from slca_exp.config.services import JudgeConfig
 from slca_exp.core.rows import Row
 from slca_exp.data.synthetic import build_rows
 from slca_exp.judges import build_outcome_judge, describe_outcome, outcome_prompts, parse_verdict

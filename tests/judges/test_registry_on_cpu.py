@@ -2,7 +2,7 @@
 
 import pytest
 
-from slca_exp.config.schema import JudgeConfig, SimulatorConfig
+from slca_exp.config.services import JudgeConfig, SimulatorConfig
 from slca_exp.core.names import METRICS
 from slca_exp.judges import JUDGES, Judge, batch_stats, build_judge, describe_judge
 from slca_exp.judges.base import JudgeResult

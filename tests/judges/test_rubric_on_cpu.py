@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from slca_exp.config.schema import JudgeConfig
+from slca_exp.config.services import JudgeConfig
 from slca_exp.judges import JudgeRequest, JudgeView, build_judge, describe_judge
 from slca_exp.judges.rubric import rubric_components
 from tests.judges.rows import FAITHFUL, INVENTED, QUESTION, WEATHER, rollout

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from hydra import compose
 
-from slca_exp.cli import main
+from slca_exp.commands import main
 from slca_exp.launch.command import plan, study_names
 from slca_exp.launch.profiles import load_profile, profile_names
 from slca_exp.preflight.compose import check_overrides, expand_sweeps, hydra_context

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from slca_exp import cli
+from slca_exp import commands
 from slca_exp.config.schema import TrackingConfig
 from slca_exp.launch import profiles
 from slca_exp.launch.filesystems import filesystem_type, is_network
@@ -107,7 +107,7 @@ def test_the_command_line_refuses_before_submitting(tmp_path, monkeypatch, capsy
     root = tmp_path / "shared"
     fits = ["launcher.cpus_per_task=1", "launcher.mem_gb=1"]  # any one-node test cluster
     args = ["train", "launcher=slurm_cpu", *fits, "tracking=mlflow", f"tracking.root={root}"]
-    assert cli.main(args) == 2
+    assert commands.main(args) == 2
     err = capsys.readouterr().err
     assert "tracking.root" in err and "nfs4" in err and "tracking.mlflow_uri=http://" in err
     assert "tracking.allow_sqlite_on_network_fs=true" in err

@@ -12,7 +12,7 @@ require("verl", reason="needs the verl extra")
 
 from omegaconf import OmegaConf  # noqa: E402
 
-from slca_exp.cli import main  # noqa: E402
+from slca_exp.commands import main  # noqa: E402
 from slca_exp.launch.command import study_notes, study_overrides  # noqa: E402
 from slca_exp.preflight.compose import CONFIG_DIR  # noqa: E402
 

@@ -7,7 +7,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from slca_exp.config.schema import JudgeConfig, RewardConfig
+from slca_exp.config.schema import RewardConfig
+from slca_exp.config.services import JudgeConfig
 from slca_exp.core import names
 from slca_exp.core.rows import Row
 from slca_exp.data.synthetic import build_rows

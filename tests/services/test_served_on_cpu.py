@@ -22,10 +22,10 @@ from hypothesis import strategies as st
 
 from slca_exp.core.problems import ConfigError
 from slca_exp.launch.profiles import LauncherProfile
+from slca_exp.launch.service_definitions import launcher_problems, load_service
 from slca_exp.preflight.compose import compose_run
 from slca_exp.preflight.validate import validate
 from slca_exp.recipe import build_recipe
-from slca_exp.serve.definitions import launcher_problems, load_service
 from slca_exp.services.client import ChatClient, ChatRequest
 from slca_exp.services.definition import (
     ServiceDefinition,
@@ -40,7 +40,7 @@ from slca_exp.services.served import (
     ask_server,
     resolve_services,
 )
-from slca_exp.services.vllm_options import line_problems
+from slca_exp.services.vllm_line import line_problems
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -260,7 +260,7 @@ def test_what_the_server_serves_must_be_what_the_run_and_the_registry_say(tmp_pa
 
 
 def test_naming_a_service_with_the_default_judge_judges_with_the_model_it_serves(tmp_path, capsys):
-    from slca_exp.cli import main
+    from slca_exp.commands import main
     from slca_exp.launch.command import plan
 
     # The default judge (rubric) asks no server: naming a service picks judge=served, for every
@@ -412,7 +412,7 @@ def test_the_job_serves_with_the_key_in_the_servers_environment_only(tmp_path):
         health_timeout_s=60,
     )
     script = (
-        "import pickle, sys; from slca_exp.serve.job import ServiceJob; "
+        "import pickle, sys; from slca_exp.launch.service_job import ServiceJob; "
         "print(ServiceJob(pickle.loads(bytes.fromhex(sys.argv[1])), sys.argv[2], 'here')())"
     )
     import pickle
@@ -458,7 +458,7 @@ def test_the_job_serves_with_the_key_in_the_servers_environment_only(tmp_path):
 def test_compare_strict_tells_runs_judged_by_different_services_apart(tmp_path):
     from types import SimpleNamespace
 
-    from slca_exp.comparability import differences
+    from slca_exp.analysis.comparability import differences
     from slca_exp.core.tags import COMPONENT_TAGS, FINGERPRINT
 
     registry = ServiceRegistry(tmp_path / "registry")
@@ -483,7 +483,7 @@ def test_compare_strict_tells_runs_judged_by_different_services_apart(tmp_path):
 
 
 def test_serve_refuses_before_submitting_anything_naming_every_key(tmp_path, capsys):
-    from slca_exp.cli import main
+    from slca_exp.commands import main
 
     registry = ["--registry", str(tmp_path / "registry")]
     code = main(

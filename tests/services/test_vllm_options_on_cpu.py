@@ -20,7 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from packaging.requirements import Requirement
 
-from slca_exp.serve.definitions import load_service, service_names
+from slca_exp.launch.service_definitions import load_service, service_names
 from slca_exp.services.definition import (
     FIELD_OPTIONS,
     ServiceDefinition,
@@ -28,15 +28,8 @@ from slca_exp.services.definition import (
     vllm_command,
     vllm_problems,
 )
-from slca_exp.services.vllm_options import (
-    RECORD,
-    RECORD_COMMAND,
-    VALUE_TYPES,
-    ServeOptions,
-    VllmOption,
-    line_problems,
-    recorded,
-)
+from slca_exp.services.vllm_line import ServeOptions, line_problems, recorded
+from slca_exp.services.vllm_options import RECORD, RECORD_COMMAND, VALUE_TYPES, VllmOption
 from tests.skip_policy import require
 
 NO_VLLM = (

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from slca_exp.config.schema import SimulatorConfig
+from slca_exp.config.services import SimulatorConfig
 from slca_exp.rewards.types import ToolCall
 from slca_exp.simulators import (
     SimContext,

@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from slca_exp.config.schema import SimulatorConfig
+from slca_exp.config.services import SimulatorConfig
 from slca_exp.rewards.types import ToolCall
 from slca_exp.services.prompts import PROMPT_DIRS
 from slca_exp.simulators import (

@@ -6,7 +6,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from slca_exp.cli import main  # noqa: E402
+from slca_exp.commands import main  # noqa: E402
 from slca_exp.engines import ENGINES  # noqa: E402
 from tests.tracking.synthetic import SyntheticEngine  # noqa: E402
 

@@ -20,7 +20,7 @@ import pytest
 from hydra.core.global_hydra import GlobalHydra
 from mlflow.tracking import MlflowClient
 
-from slca_exp.cli import main as cli_main
+from slca_exp.commands import main as cli_main
 from slca_exp.engines import ENGINES
 from slca_exp.tracking.plots import advantage_samples
 from tests.tracking.synthetic import step_metrics

@@ -1,7 +1,7 @@
 """Six ``slca-exp train`` started at the same moment on a fresh tracking root.
 
-Each is the command line's own entry point (``slca_exp.cli.main``) in a process of its own, with
-the ``steps`` engine, which logs metrics and nothing else, so the processes collide where jobs
+Each is the command line's own entry point (``slca_exp.commands.main``) in a process of its own,
+with the ``steps`` engine, which logs metrics and nothing else, so the processes collide where jobs
 started together collide: the new MLflow store (created and migrated once, under its lock), the
 experiment (created once), the synthetic split (generated once into one folder) and the W&B
 offline folder. The processes are forked from the test's, which has imported torch, MLflow and
@@ -21,7 +21,7 @@ import wandb.sdk.launch  # noqa: F401
 from mlflow import MlflowClient
 
 import tests.tracking.steps_plugin  # noqa: F401 - registers the steps engine, in every fork
-from slca_exp import cli
+from slca_exp import commands
 from slca_exp.data.synthetic import MANIFEST, SPLIT_FILES
 from tests.concurrency import memory_folder, run_together
 from tests.tracking.steps_plugin import step_values
@@ -56,7 +56,7 @@ def train(folder: Path, root: Path, i: int) -> int:
             f"hydra.run.dir={folder / f'job{i}'}",
         ]
         try:
-            status = cli.main(args)
+            status = commands.main(args)
         except SystemExit as stop:
             status = stop.code if isinstance(stop.code, int) else 1
         with contextlib.suppress(Exception):

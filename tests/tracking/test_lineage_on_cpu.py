@@ -10,13 +10,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from mlflow import MlflowClient
 
-from slca_exp.comparability import differences
+from slca_exp.analysis.comparability import differences
 from slca_exp.core.tags import EXPERIMENT_KIND, FINGERPRINT, MODEL_PATH, PROMPT_SHA256
 from slca_exp.engines.verl.engine import final_hf_checkpoint
 from slca_exp.judges import JUDGES
 from slca_exp.preflight.compose import compose_run
 from slca_exp.preflight.validate import validate
-from slca_exp.recipe import build_recipe, prompt_registry_name
+from slca_exp.recipe import build_recipe
+from slca_exp.recipe.components import prompt_registry_name
 from slca_exp.simulators import SIMULATORS
 from slca_exp.tracking import lineage
 

@@ -1,5 +1,5 @@
 """``slca-exp rollouts`` on a real MLflow sqlite store whose run logged rollouts as a training
-run logs them (``rollouts/<split>/step_<N>.jsonl``): through ``slca_exp.cli.main`` in this
+run logs them (``rollouts/<split>/step_<N>.jsonl``): through ``slca_exp.commands.main`` in this
 process, and once as the installed console script."""
 
 import html
@@ -13,9 +13,10 @@ from types import SimpleNamespace
 import pytest
 from mlflow.tracking import MlflowClient
 
-from slca_exp.cli import main
+from slca_exp.commands import main
+from slca_exp.commands.rollouts import compact_steps
 from slca_exp.rollouts.files import RECORDS, file_name, folder, write_records
-from slca_exp.tracking.rollouts_cli import Palette, compact_steps
+from slca_exp.tracking.rollout_text import Palette
 from tests.rollouts.samples import step_records
 
 EXE = str(Path(sys.executable).parent / "slca-exp")

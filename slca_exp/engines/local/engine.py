@@ -17,7 +17,6 @@ import random
 import shutil
 import sys
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,11 +27,10 @@ from filelock import FileLock
 from slca_exp.config.paths import output_root, run_dir
 from slca_exp.config.schema import RunConfig
 from slca_exp.core import names
-from slca_exp.core.locking import lock_path
 from slca_exp.core.process import RunKilled, signals_deferred
 from slca_exp.core.rows import Row
 from slca_exp.engines.base import Engine
-from slca_exp.engines.local import data_io
+from slca_exp.engines.local import data_io, reporting
 from slca_exp.engines.local.policy import response_logprobs
 from slca_exp.engines.local.records import batch_view
 from slca_exp.engines.local.rollout import Roller, Rollouts, RolloutSettings
@@ -45,9 +43,8 @@ from slca_exp.engines.local.state import (
     resumable,
     save_checkpoint,
 )
-from slca_exp.engines.local.update import rl_update
+from slca_exp.engines.local.update import rl_update, segments
 from slca_exp.estimators import EstimatorParams, get_estimator
-from slca_exp.estimators.segments import SegmentSplit, split_segments
 from slca_exp.rewards import HierRReward
 from slca_exp.rewards.routing import success_stats
 from slca_exp.rollouts.batch import BatchView, logged_rollouts
@@ -130,7 +127,7 @@ class _LocalRun:
         cfg = self.cfg
         random.seed(cfg.seed)
         torch.manual_seed(cfg.seed)
-        self.state.run_ids = _run_ids(self.tracker) or self.state.run_ids
+        self.state.run_ids = reporting.run_ids(self.tracker) or self.state.run_ids
         self.state.save(self.folder)
         self.splits = data_io.load(cfg)
         self.backbone = data_io.backbone(cfg, self.splits, self.device)
@@ -140,7 +137,9 @@ class _LocalRun:
         self.simulator = build_simulator(cfg.simulator)
         self.reward = HierRReward.from_config(cfg.reward)
         self.estimator = get_estimator(cfg.algorithm.name)
-        self.watch = ServiceWatch(cfg.reward.judge_failure, tag=_run_tagger(cfg, self.tracker))
+        self.watch = ServiceWatch(
+            cfg.reward.judge_failure, tag=reporting.run_tagger(cfg, self.tracker)
+        )
         self.params = EstimatorParams.from_config(cfg.algorithm)
         self.roller = Roller(
             self.model,
@@ -192,14 +191,14 @@ class _LocalRun:
         cached = output_root(self.cfg.tracking) / "cache" / "sft" / key
         # Jobs that share an SFT key (a sweep over RL settings) train it once: the others wait on
         # the key's lock, then load the weights it saved.
-        with FileLock(lock_path(cached)):
+        with FileLock(f"{cached}.lock"):
             if (cached / "config.json").is_file():
                 weights = type(self.model).from_pretrained(cached).state_dict()
                 self.model.load_state_dict(weights)
                 print(f"slca-exp: SFT weights reused from {cached}", file=sys.stderr)
                 return
             examples = data_io.sft_examples(self.tok, split.rows, sft.max_len)
-            bar = _Progress(sft.steps, "sft", self.engine.progress)
+            bar = reporting.Progress(sft.steps, "sft", self.engine.progress)
             skipped: list[int] = []  # the SFT step each label-less batch was drawn for
             losses = train_sft(
                 self.model,
@@ -227,7 +226,7 @@ class _LocalRun:
             rollout.max_response_tokens,
             rollout.temperature,
         )
-        bar = _Progress(rl.steps, "rl", self.engine.progress, start=self.state.step)
+        bar = reporting.Progress(rl.steps, "rl", self.engine.progress, start=self.state.step)
         last: dict[str, float] = {}
         train = self.splits["train"].rows
         for step in range(self.state.step, rl.steps if rl.enabled else 0):
@@ -272,15 +271,20 @@ class _LocalRun:
                 )
                 self.model.eval()
                 t4 = time.perf_counter()
-                metrics = {**scored.stats, **adv.stats, **train_stats, **_service_stats(rolls)}
-                metrics[names.SEGMENT_CUTOFF_FRAC] = _fraction(cut_off)
+                metrics = {
+                    **scored.stats,
+                    **adv.stats,
+                    **train_stats,
+                    **reporting.service_stats(rolls),
+                }
+                metrics[names.SEGMENT_CUTOFF_FRAC] = reporting.fraction(cut_off)
                 metrics[names.PERF_STEP_S] = t4 - t0
                 metrics[names.PERF_TOKENS_PER_S] = sum(map(len, rolls.response_ids)) / max(
                     t4 - t0, 1e-9
                 )
-                metrics.update(_timing(rolls, t2 - t1, t3 - t2, t4 - t3))
+                metrics.update(reporting.timing(rolls, t2 - t1, t3 - t2, t4 - t3))
                 self.tracker.log_metrics(metrics, step + 1)
-                _log_advantages(self.tracker, adv, step + 1)
+                reporting.log_advantages(self.tracker, adv, step + 1)
                 self.state.step = step + 1
                 if self.state.step % self.engine.checkpoint_every == 0:
                     save_checkpoint(self.folder, self.model, optimizer, self.state)
@@ -381,7 +385,9 @@ class _LocalRun:
             )
         )
         success = metrics[names.VAL_SUCCESS]
-        metrics[names.val(names.SEGMENT_CUTOFF_FRAC)] = _fraction(rolls.ends_on_tool_call())
+        metrics[names.val(names.SEGMENT_CUTOFF_FRAC)] = reporting.fraction(
+            rolls.ends_on_tool_call()
+        )
         self.tracker.log_metrics(metrics, step)
         if self.cfg.tracking.rollouts.every and self.cfg.tracking.rollouts.val:
             packed = rolls.batch(self.roller.pad_id)
@@ -401,116 +407,12 @@ class _LocalRun:
         return metrics
 
 
-def segments(
-    response_mask: torch.Tensor, ends_on_tool_call: Sequence[bool], rule: str
-) -> SegmentSplit:
-    """The tool and summary segments of a batch under ``engine.rl.mask_rule``.
-
-    ``parity`` (the paper's rule): the last learnable run of each rollout is its summary, even
-    when it is a tool call the turn or token budget cut off. ``corrected``: a rollout that ends
-    on a tool call has no summary segment; all its learnable tokens are tool, and its summary
-    score takes no part in its group's normalisation. The rule moves tokens between the
-    segments only; the scores are the reward's either way.
-
-    Args:
-        response_mask: (B, T) 1 on learnable response tokens.
-        ends_on_tool_call: (B,) per rollout, whether it ends on an unanswered tool call
-            (``Rollouts.ends_on_tool_call``).
-        rule: ``parity`` | ``corrected``.
-
-    Raises:
-        ValueError: an unknown rule, or not one flag per rollout.
-
-    """
-    split = split_segments(response_mask)
-    if rule == "parity":
-        return split
-    if rule != "corrected":
-        raise ValueError(
-            f"engine.rl.mask_rule={rule!r} is not a mask rule; use parity or corrected"
-        )
-    return split.without_summary(torch.tensor(list(ends_on_tool_call), dtype=torch.bool))
-
-
-def _fraction(flags: Sequence[bool]) -> float:
-    return sum(map(bool, flags)) / max(len(flags), 1)
-
-
 def _truths(rolls: Rollouts) -> list[Any]:
     """The ground truth of each sample (one shared object per prompt)."""
     return [Row(row).truth() for row in rolls.rows]
-
-
-def _service_stats(rolls: Rollouts) -> dict[str, float]:
-    from slca_exp.simulators import batch_stats as sim_stats
-
-    stats = dict(sim_stats(rolls.tool_results)) if rolls.tool_results else {}
-    return {k: v for k, v in stats.items() if k in names.METRICS}
-
-
-def _timing(rolls: Rollouts, reward: float, adv: float, update: float) -> dict[str, float]:
-    """Per-phase seconds of a step (``perf/time/*``)."""
-    t = rolls.timings
-    return {
-        names.perf_time("generate"): t["generate"],
-        names.perf_time("simulate"): t["simulate"],
-        names.perf_time("reward"): reward,
-        names.perf_time("advantage"): adv,
-        names.perf_time("update"): update,
-    }
-
-
-def _log_advantages(tracker: Any, adv: Any, step: int) -> None:  # noqa: ANN401
-    log = getattr(tracker, "log_advantages", None)
-    if log is None:
-        return
-    from slca_exp.tracking.plots import advantage_samples
-
-    log(advantage_samples(adv), step)
-
-
-def _run_tagger(config: RunConfig, tracker: Any) -> Any:  # noqa: ANN401
-    """Sets a tag of the run's MLflow run (None without one): what an outage is recorded as."""
-    run_id = _run_ids(tracker).get("mlflow")
-    if not run_id:
-        return None
-    from mlflow.tracking import MlflowClient
-
-    from slca_exp.tracking.mlflow import store_uri
-
-    client = MlflowClient(store_uri(config.tracking))
-    return lambda key, value: client.set_tag(run_id, key, value)
-
-
-def _run_ids(tracker: Any) -> dict[str, str]:  # noqa: ANN401
-    ids = getattr(tracker, "run_ids", None)
-    return dict(ids()) if callable(ids) else {}
 
 
 def _device(choice: str) -> torch.device:
     if choice == "cuda" or (choice == "auto" and torch.cuda.is_available()):
         return torch.device("cuda")
     return torch.device("cpu")
-
-
-class _Progress:
-    """A tqdm bar on stderr with live stats (silent when ``enabled`` is false)."""
-
-    def __init__(self, total: int, label: str, enabled: bool, start: int = 0) -> None:
-        self.bar = None
-        if enabled and total:
-            from tqdm import tqdm
-
-            # disable=None: a bar on a terminal, nothing in a log file
-            self.bar = tqdm(
-                total=total, initial=start, desc=label, file=sys.stderr, disable=None, leave=True
-            )
-
-    def update(self, stats: dict[str, float]) -> None:
-        if self.bar is not None:
-            self.bar.set_postfix({k: f"{v:.3f}" for k, v in stats.items()}, refresh=False)
-            self.bar.update(1)
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()

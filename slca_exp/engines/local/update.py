@@ -1,5 +1,7 @@
 """One RL update of the local engine: old log-probs, then epochs x minibatches of clipped PG.
 
+The tokens it trains are the segments of ``engine.rl.mask_rule`` (:func:`segments`).
+
 As verl's actor: every pass shuffles the rollouts into ``engine.rl.minibatches`` shares and takes
 one optimizer step per share, the loss a token-mean over that share (``policy.pg_loss``). A step
 whose gradient norm is NaN or infinite is not taken: its gradients are dropped, the optimizer
@@ -9,6 +11,7 @@ state is left as it was, and the step is counted in ``train/skipped_steps``.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 
@@ -16,6 +19,7 @@ from slca_exp.config.schema import RLConfig
 from slca_exp.core import names
 from slca_exp.engines.local.policy import flat_grad, masked_mean, pg_loss, response_logprobs
 from slca_exp.engines.local.rollout import PackedBatch
+from slca_exp.estimators.segments import SegmentSplit, split_segments
 from slca_exp.estimators.types import SegmentAdvantages
 
 
@@ -155,3 +159,34 @@ def _grad_cos(
     model.zero_grad(set_to_none=True)
     cos = torch.nn.functional.cosine_similarity(grads[0], grads[1], dim=0)
     return float(cos)
+
+
+def segments(
+    response_mask: torch.Tensor, ends_on_tool_call: Sequence[bool], rule: str
+) -> SegmentSplit:
+    """The tool and summary segments of a batch under ``engine.rl.mask_rule``.
+
+    ``parity`` (the paper's rule): the last learnable run of each rollout is its summary, even
+    when it is a tool call the turn or token budget cut off. ``corrected``: a rollout that ends
+    on a tool call has no summary segment; all its learnable tokens are tool, and its summary
+    score takes no part in its group's normalisation. The rule moves tokens between the
+    segments only; the scores are the reward's either way.
+
+    Args:
+        response_mask: (B, T) 1 on learnable response tokens.
+        ends_on_tool_call: (B,) per rollout, whether it ends on an unanswered tool call
+            (``Rollouts.ends_on_tool_call``).
+        rule: ``parity`` | ``corrected``.
+
+    Raises:
+        ValueError: an unknown rule, or not one flag per rollout.
+
+    """
+    split = split_segments(response_mask)
+    if rule == "parity":
+        return split
+    if rule != "corrected":
+        raise ValueError(
+            f"engine.rl.mask_rule={rule!r} is not a mask rule; use parity or corrected"
+        )
+    return split.without_summary(torch.tensor(list(ends_on_tool_call), dtype=torch.bool))

@@ -27,6 +27,7 @@ What verl's processes load (the worker side):
 - ``estimators.py``: ``slca_grpo`` and ``toolpo_grpo`` in verl's advantage-estimator registry.
 - ``scores.py``: each segment's score read off verl's token-level rewards.
 - ``trainer.py``: ``slca_sync``, verl's synchronous trainer plus our per-segment metrics.
+- ``reward_infos.py``: the reward side's rows as the trainer reads them: flags, scores, metrics.
 - ``rewards.py``: ``SLCARewardManager`` (HierR and the judge per trajectory) and the reward
   metrics rebuilt from what it wrote.
 - ``agent_loop.py``: verl's tool agent loop, its output carrying both segment scores.

@@ -307,7 +307,8 @@ def _our_section(config: Any) -> Mapping[str, Any]:  # noqa: ANN401
 
 def _structured(group: str, values: Any) -> Any:  # noqa: ANN401
     """Our dataclass config of ``group`` (``judge``, ``reward``) from a plain mapping."""
-    from slca_exp.config.schema import JudgeConfig, RewardConfig
+    from slca_exp.config.schema import RewardConfig
+    from slca_exp.config.services import JudgeConfig
 
     schema = {"judge": JudgeConfig, "reward": RewardConfig}[group]
     plain = OmegaConf.to_container(values, resolve=True) if OmegaConf.is_config(values) else values

@@ -31,7 +31,7 @@ from uuid import uuid4
 
 from omegaconf import OmegaConf
 
-from slca_exp.config.schema import SimulatorConfig
+from slca_exp.config.services import SimulatorConfig
 from slca_exp.core import names
 from slca_exp.core.rows import Row, recorded_of
 from slca_exp.engines.verl.rollouts import record_answer

@@ -44,19 +44,10 @@ from omegaconf import OmegaConf
 from verl.trainer.ppo.v1 import PPOTrainerSync, get_trainer_cls, register_trainer
 
 from slca_exp.core import names
+from slca_exp.engines.verl import reward_infos
 from slca_exp.engines.verl.estimators import NAMES, advantage_stats, mask_rule, segment_call
 from slca_exp.engines.verl.keys import OUR_KEY
-from slca_exp.engines.verl.rewards import (
-    NO_SUMMARY_KEY,
-    SUMMARY_FAILED_KEY,
-    SUMMARY_KEY,
-    TOOL_FAILED_KEY,
-    TOOL_KEY,
-    TOTAL_KEY,
-    batch_infos,
-    reward_metrics,
-    scored_totals,
-)
+from slca_exp.engines.verl.rewards import batch_infos
 from slca_exp.engines.verl.rollouts import ActiveRunLog, ValidationCapture, batch_view
 from slca_exp.engines.verl.stopping import (
     STOP_KEY,
@@ -67,8 +58,6 @@ from slca_exp.engines.verl.stopping import (
     logged_through,
 )
 from slca_exp.engines.verl.tools import simulator_metrics
-from slca_exp.estimators import RolloutScores
-from slca_exp.rewards.routing import success_stats
 from slca_exp.rollouts.batch import logged_rollouts
 from slca_exp.rollouts.select import due
 from slca_exp.services.outage import ServiceWatch
@@ -79,72 +68,6 @@ DUMP_KEY = f"{OUR_KEY}.dump_dir"
 ROLLOUTS_KEY = f"{OUR_KEY}.rollouts"
 """``tracking.rollouts`` and the run's tags for its records (``rl_config.rollout_section``)."""
 """Where each step's batch is written (:func:`dump_batch`); set by ``engine.verl.dump_batches``."""
-
-
-def no_summary_rows(infos: Sequence[Mapping[str, Any]]) -> np.ndarray:
-    """(B,) bool: the rollouts the reward side marked as having no summary segment."""
-    return np.array([bool(info.get(NO_SUMMARY_KEY, 0)) for info in infos], dtype=bool)
-
-
-def absent_summary_rows(infos: Sequence[Mapping[str, Any]]) -> np.ndarray:
-    """(B,) bool: rollouts whose summary the judge could not score (``judge_failure=absent``).
-
-    ``rm_scores`` holds 0 for them; the estimator leaves them out of the normalisation instead.
-    """
-    failed = [bool(i.get(SUMMARY_FAILED_KEY, 0)) and not i.get(NO_SUMMARY_KEY, 0) for i in infos]
-    return np.array(failed, dtype=bool)
-
-
-def absent_tool_rows(infos: Sequence[Mapping[str, Any]]) -> np.ndarray:
-    """(B,) bool: rollouts whose R_tool the outcome judge could not decide (absent).
-
-    ``rm_scores`` holds 0 for them; the estimator leaves their tool segment out instead.
-    """
-    return np.array([bool(i.get(TOOL_FAILED_KEY, 0)) for i in infos], dtype=bool)
-
-
-def reported_scores(infos: Sequence[Mapping[str, Any]]) -> RolloutScores | None:
-    """The reward side's (tool, summary, total) of each rollout, (B,) float32 each.
-
-    ``None`` unless every row reports them (another reward manager reports none). The total is
-    the one the reward configures: ``reward.process_weight * R_tool + summary_weight * R_sum``,
-    or the penalty.
-    """
-    if not infos or not all(TOTAL_KEY in i and TOOL_KEY in i and SUMMARY_KEY in i for i in infos):
-        return None
-    columns = {
-        key: torch.tensor([float(i[key]) for i in infos], dtype=torch.float32)
-        for key in (TOOL_KEY, SUMMARY_KEY, TOTAL_KEY)
-    }
-    return RolloutScores(
-        tool=columns[TOOL_KEY], summary=columns[SUMMARY_KEY], total=columns[TOTAL_KEY]
-    )
-
-
-def validation_metrics(
-    infos: Sequence[Mapping[str, Any]], *, process_weight: float = 1.0, summary_weight: float = 1.0
-) -> dict[str, float]:
-    """Our ``val/*`` metrics of a validation pass, from its rollouts' ``reward_extra_info``.
-
-    The local engine's validation metrics: ``val/reward/*``, ``val/judge/*``,
-    ``val/outcome/*`` and the paper's ``val/success@k`` and ``val/tool_success@k``
-    (``slca_exp.rewards.routing.success_stats``); ``{}`` when no row carries our keys.
-    """
-    rows = [info for info in infos if info and TOOL_KEY in info]
-    if not rows:
-        return {}
-    totals = scored_totals(rows)
-    hierr = [float(i.get("slca/tool/hierr", i["slca/tool/score"])) for i in rows]
-    metrics = {names.val(k): v for k, v in reward_metrics(rows).items()}
-    weights = {"process_weight": process_weight, "summary_weight": summary_weight}
-    return metrics | success_stats(totals, hierr, **weights)
-
-
-def segment_metrics(
-    infos: Sequence[Mapping[str, Any]], estimator_stats: Mapping[str, float]
-) -> dict[str, float]:
-    """The step's metrics under our names: ``reward/*``, ``judge/*`` and the estimator's."""
-    return {**reward_metrics(infos), **{k: float(v) for k, v in estimator_stats.items()}}
 
 
 @register_trainer(TRAINER_MODE)
@@ -262,14 +185,18 @@ class SLCATrainer(PPOTrainerSync):
         fields = data.pop("extra_fields").tolist()
         infos = batch_infos(fields)
         corrected = mask_rule(self.config.algorithm) == "corrected"
-        no_summary = no_summary_rows(infos) if corrected else None
-        facts = (no_summary, absent_summary_rows(infos), reported_scores(infos))
-        with segment_call(*facts, absent_tool=absent_tool_rows(infos)) as call:
+        no_summary = reward_infos.no_summary_rows(infos) if corrected else None
+        facts = (
+            no_summary,
+            reward_infos.absent_summary_rows(infos),
+            reward_infos.reported_scores(infos),
+        )
+        with segment_call(*facts, absent_tool=reward_infos.absent_tool_rows(infos)) as call:
             batch = super()._compute_advantage(batch, metrics=metrics)
         stats = call.stats
         if self.config.algorithm.adv_estimator not in NAMES:  # verl's own: read its result back
             stats = self._advantage_stats(batch, no_summary)
-        ours = {**segment_metrics(infos, stats), **simulator_metrics(fields)}
+        ours = {**reward_infos.segment_metrics(infos, stats), **simulator_metrics(fields)}
         metrics.update(ours)
         self._service_watch().observe(ours, self.global_steps)
         folder = OmegaConf.select(self.config, DUMP_KEY, default=None)
@@ -300,7 +227,7 @@ class SLCATrainer(PPOTrainerSync):
             infos.extend(found)
             if not logged:
                 return None
-            no_summary = no_summary_rows(found) if corrected else None
+            no_summary = reward_infos.no_summary_rows(found) if corrected else None
             return batch_view(
                 batch, self.tokenizer, split="val", no_summary=no_summary, advantages=False
             )
@@ -315,7 +242,7 @@ class SLCATrainer(PPOTrainerSync):
         if capture.failed is not None:
             self._rollout_log().warn_once(capture.failed)
         reward = (OmegaConf.select(self.config, OUR_KEY, default=None) or {}).get("reward") or {}
-        ours = validation_metrics(
+        ours = reward_infos.validation_metrics(
             infos,
             process_weight=float(reward.get("process_weight", 1.0)),
             summary_weight=float(reward.get("summary_weight", 1.0)),

@@ -16,7 +16,7 @@ pytestmark = pytest.mark.verl
 
 from omegaconf import OmegaConf, open_dict  # noqa: E402
 
-from slca_exp.cli import main  # noqa: E402
+from slca_exp.commands import main  # noqa: E402
 from slca_exp.engines.verl import cpu  # noqa: E402
 from slca_exp.engines.verl import rl_config as verl  # noqa: E402
 from slca_exp.engines.verl import sft_config as sft  # noqa: E402

@@ -24,7 +24,7 @@ pytestmark = pytest.mark.verl
 
 from omegaconf import OmegaConf  # noqa: E402
 
-from slca_exp.cli import main  # noqa: E402
+from slca_exp.commands import main  # noqa: E402
 from slca_exp.engines.verl import rl_config, sft_config  # noqa: E402
 from slca_exp.engines.verl.checks import check_sft_config, check_verl_config  # noqa: E402
 from slca_exp.engines.verl.compose import compose_verl, verl_config_dir  # noqa: E402

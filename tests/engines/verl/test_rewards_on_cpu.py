@@ -187,9 +187,9 @@ def test_the_agent_loop_config_names_our_loop(tmp_path):
 
 def test_the_outcome_reward_through_verls_reward_manager(tokenizer, manager, rows):
     """reward=exec_outcome in the reward workers: R_tool the verdict, HierR logged beside it."""
+    from slca_exp.engines.verl.reward_infos import absent_tool_rows, validation_metrics
     from slca_exp.engines.verl.rewards import OUTCOME_KEY, TOOL_FAILED_KEY, reward_metrics
     from slca_exp.engines.verl.rollouts import rewards_from_info
-    from slca_exp.engines.verl.trainer import absent_tool_rows, validation_metrics
 
     config = validate(compose_run(["reward=exec_outcome"]))
     section = our_section(config)

@@ -13,7 +13,7 @@ pytestmark = pytest.mark.verl
 
 from verl.tools.tool_registry import initialize_tools_from_config  # noqa: E402
 
-from slca_exp.config.schema import SimulatorConfig  # noqa: E402
+from slca_exp.config.services import SimulatorConfig  # noqa: E402
 from slca_exp.data.synthetic import build_rows  # noqa: E402
 from slca_exp.engines.verl.rollouts import ANSWERS_KEY  # noqa: E402
 from slca_exp.engines.verl.tools import (  # noqa: E402

@@ -814,7 +814,7 @@ def test_a_simulator_error_reaches_the_policy_as_the_local_engine_words_it(verl_
     from transformers import AutoTokenizer
 
     from slca_exp.backbones.chat import tool_turn_text
-    from slca_exp.config.schema import SimulatorConfig
+    from slca_exp.config.services import SimulatorConfig
     from slca_exp.core.rows import Row
     from slca_exp.rewards.types import ToolCall
     from slca_exp.simulators import build_simulator

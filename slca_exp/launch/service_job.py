@@ -10,6 +10,10 @@ the server).
 
 At its time limit SLURM signals the job first: the job stops the server and requeues itself
 (submitit's checkpoint), and the requeued job publishes the new endpoint, which clients follow.
+
+Seen from outside (``slca-exp serve``): :func:`submit` hands the job to SLURM, and what the
+registry, SLURM (``squeue``, ``sacct``) and the server say of a service is one
+:class:`ServiceState`.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import dataclasses
 import datetime
 import os
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
@@ -43,10 +48,14 @@ from slca_exp.services.served import (
 )
 
 POLL_S = 1.0
-"""How often the job asks its server whether it answers yet."""
+"""How often the job asks its server whether it answers yet, and ``serve`` asks SLURM."""
 STOP_GRACE_S = 20.0
 """How long the server gets to exit after SIGTERM before it is killed."""
 ANY_ADDRESS = ("0.0.0.0", "::", "")  # noqa: S104 - what vLLM's --host accepts for "every"
+DOWN_WAIT_S = 120.0
+"""How long ``down`` waits for a cancelled job to end (SLURM's KillWait, then SIGKILL)."""
+ACTIVE = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED", "RESIZING", "SUSPENDED")
+"""SLURM job states of a job that is not over."""
 
 
 class ServeError(RuntimeError):
@@ -214,3 +223,100 @@ def _stop(server: subprocess.Popen[bytes]) -> None:
 def log_path(registry: ServiceRegistry, name: str) -> Path:
     """The folder submitit keeps a service's jobs in (``<registry>/logs/<name>/<job id>``)."""
     return registry.folder / "logs" / name
+
+
+@dataclass(frozen=True)
+class ServiceState:
+    """What the registry, SLURM and the server say about one service."""
+
+    name: str
+    record: ServiceRecord | None
+    job: dict[str, object] | None
+    job_id: str | None
+    job_state: str | None  # SLURM's; None: unknown (no SLURM here) or no job
+    answers: bool
+    why: str = ""
+
+    @property
+    def job_active(self) -> bool:
+        """Whether the service's job is queued or running."""
+        return self.job_state in ACTIVE
+
+    @property
+    def label(self) -> str:
+        """Up | starting | dead | ended."""
+        if self.answers:
+            return "up"
+        if self.job_active:
+            return "dead" if self.record is not None else "starting"
+        return "dead" if self.record is not None else "ended"
+
+
+def service_state(registry: ServiceRegistry, name: str) -> ServiceState:
+    """Ask the registry, SLURM and (when recorded) the server about ``name``."""
+    record, job = registry.record(name), registry.job(name)
+    job_id = record.job_id if record is not None else (job or {}).get("job_id")
+    job_state = slurm_state(str(job_id)) if job_id else None
+    answers, why = False, ""
+    if record is not None:
+        try:
+            served = ask_server(record.base_url, record.api_key_env, timeout_s=5.0)
+            answers = served.card(record.served_model_name) is not None
+            why = "" if answers else f"serves {served.ids}"
+        except ServiceUnreachable as err:
+            why = str(err)
+    return ServiceState(name, record, job, job_id, job_state, answers, why)
+
+
+def slurm_state(job_id: str) -> str | None:
+    """SLURM's state of ``job_id`` (``squeue``, then ``sacct``); ``None`` when neither knows."""
+    for command in (
+        ["squeue", "-h", "-t", "all", "-j", job_id, "-o", "%T"],
+        ["sacct", "-n", "-X", "-P", "-j", job_id, "-o", "State"],
+    ):
+        if shutil.which(command[0]) is None:
+            continue
+        try:
+            res = subprocess.run(command, capture_output=True, text=True, timeout=30, check=False)
+        except (OSError, subprocess.TimeoutExpired):
+            continue
+        words = res.stdout.split()
+        if res.returncode == 0 and words:
+            return words[0].rstrip("+")
+    return None
+
+
+def wait_ended(job_id: str) -> bool:
+    """Whether SLURM has ended ``job_id`` within :data:`DOWN_WAIT_S`."""
+    deadline = time.monotonic() + DOWN_WAIT_S
+    while time.monotonic() < deadline:
+        if slurm_state(job_id) not in ACTIVE:
+            return True
+        time.sleep(POLL_S)
+    return False
+
+
+def submit(registry, definition, profile_name, profile):  # noqa: ANN001, ANN201 - submitit's
+    """Submit the service's job (:class:`ServiceJob`) with its profile's resources."""
+    import submitit
+
+    folder = log_path(registry, definition.name) / "%j"
+    executor = submitit.AutoExecutor(
+        folder=folder, cluster="slurm", slurm_max_num_timeout=profile.max_num_timeout
+    )
+    params = {
+        "timeout_min": profile.timeout_min,
+        "nodes": 1,
+        "tasks_per_node": 1,
+        "cpus_per_task": profile.cpus_per_task,
+        "mem_gb": profile.mem_gb,
+        "gpus_per_node": profile.gpus_per_node or None,
+        "name": f"slca-serve-{definition.name}",
+        "slurm_partition": profile.partition,
+        "slurm_account": profile.account,
+        "slurm_qos": profile.qos,
+        "slurm_setup": list(profile.setup) or None,
+        "slurm_signal_delay_s": profile.signal_delay_s,
+    }
+    executor.update_parameters(**{k: v for k, v in params.items() if v is not None})
+    return executor.submit(ServiceJob(definition, str(registry.folder), profile_name))

@@ -27,11 +27,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
 
+from slca_exp.core.problems import EXIT_BAD_CONFIG
+
 APP_NAME = "slca-exp"
 """The MLflow app (entry point group ``mlflow.app``) this command serves."""
 DEFAULT_PORT = 5000
-EXIT_OK = 0
-EXIT_REFUSED = 2
 PREFIX = "slca-exp ui: "
 
 
@@ -46,6 +46,7 @@ def main(argv: Sequence[str]) -> int:
     except SystemExit as exit_:  # argparse has printed the usage and the reason
         return int(exit_.code or 0)
     from slca_exp.core.shown import shown_uri
+    from slca_exp.tracking.readback import ReadbackError
     from slca_exp.tracking.uris import absolute_uri, default_tracking_uri
 
     # Absolute, as compare resolves it: the server's artifact folder is derived from it.
@@ -53,9 +54,9 @@ def main(argv: Sequence[str]) -> int:
     try:
         command = server_command(uri, args.host, args.port, explicit=bool(args.tracking_uri))
         _check_port(args.host, args.port)
-    except UiError as err:
+    except (UiError, ReadbackError) as err:
         print(f"{PREFIX}{err}", file=sys.stderr)
-        return EXIT_REFUSED
+        return EXIT_BAD_CONFIG
     url = f"http://{args.host}:{args.port}"
     print(f"{PREFIX}MLflow UI on {shown_uri(uri)} at {url}", flush=True)
     for name, link in experiment_links(uri, url):
@@ -71,12 +72,13 @@ def server_command(uri: str, host: str, port: int, *, explicit: bool = True) -> 
     >>> server_command("sqlite:////nowhere/mlflow.db", "127.0.0.1", 5000)
     Traceback (most recent call last):
     ...
-    slca_exp.ui.UiError: no MLflow store at /nowhere/mlflow.db
+    slca_exp.tracking.readback.ReadbackError: no MLflow store at /nowhere/mlflow.db
     >>> server_command("http://10.0.0.5:5000", "127.0.0.1", 5000)
     Traceback (most recent call last):
     ...
-    slca_exp.ui.UiError: http://10.0.0.5:5000 is an MLflow tracking server: open its own UI at http://10.0.0.5:5000, or pass --tracking-uri with the database it serves
+    slca_exp.commands.ui.UiError: http://10.0.0.5:5000 is an MLflow tracking server: open its own UI at http://10.0.0.5:5000, or pass --tracking-uri with the database it serves
     """  # noqa: E501 - doctest lines
+    from slca_exp.tracking.readback import check_store
     from slca_exp.tracking.uris import local_store_path
 
     if uri.startswith(("http://", "https://")):
@@ -84,10 +86,8 @@ def server_command(uri: str, host: str, port: int, *, explicit: bool = True) -> 
             f"{uri} is an MLflow tracking server: open its own UI at {uri}, or pass "
             "--tracking-uri with the database it serves"
         )
+    check_store(uri, explicit=explicit)
     store = local_store_path(uri)
-    if store is not None and not store.exists():
-        how = "" if explicit else " (the default store; set SLCA_EXP_ROOT or pass --tracking-uri)"
-        raise UiError(f"no MLflow store at {store}{how}")
     mlflow = Path(sys.executable).with_name("mlflow")
     command = [str(mlflow) if mlflow.exists() else "mlflow", "server", "--app-name", APP_NAME]
     command += ["--backend-store-uri", uri, "--host", host, "--port", str(port), "--workers", "1"]
@@ -128,7 +128,7 @@ def _serve(command: list[str]) -> int:
     except KeyboardInterrupt:
         server.terminate()
         server.wait()
-        return EXIT_OK
+        return 0
     finally:
         signal.signal(signal.SIGTERM, previous)
 

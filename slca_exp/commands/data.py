@@ -14,7 +14,7 @@ import sys
 import time
 from collections.abc import Sequence
 
-EXIT_BAD_ARGS = 2
+from slca_exp.core.problems import EXIT_BAD_CONFIG
 
 
 def _positive(text: str) -> int:
@@ -66,10 +66,10 @@ def _synth(out: str, rows: int, seed: int) -> int:
         splits = [load_split(path, name) for name, path in paths.items()]
     except (SyntheticFolderError, DataError) as err:
         print(f"slca-exp data synth: {err}", file=sys.stderr)
-        return EXIT_BAD_ARGS
+        return EXIT_BAD_CONFIG
     except OSError as err:
         print(f"slca-exp data synth: cannot write to --out {out!r}: {err}", file=sys.stderr)
-        return EXIT_BAD_ARGS
+        return EXIT_BAD_CONFIG
     seconds = time.perf_counter() - start
     for split in splits:
         print(f"{split.name:5s} {split.num_rows:6d} rows  sha256 {split.sha256}  {split.path}")

@@ -7,9 +7,9 @@ The page is written from the store alone, so that no number in it is typed by ha
 - the design: the swept keys and their values, the overrides every job shared, the recipe
   components, and for a ready study (``sweep=<name>``, tag ``slca.study``) the question, design
   and expected outcome its file states (written before the runs);
-- the table of :func:`slca_exp.compare.table`, the differences of
-  :func:`slca_exp.compare_stats.effects` with their verdicts and, where nothing separates, the
-  seeds the measured variance would need;
+- the table of :func:`slca_exp.analysis.tables.table`, the differences of
+  :func:`slca_exp.analysis.differences.effects` with their verdicts and, where nothing
+  separates, the seeds the measured variance would need;
 - the gradient conflict (``train/grad_cos``, mean over steps) per group, when logged;
 - the plots, copied into ``<OUT stem>_files/`` beside the page.
 """
@@ -24,16 +24,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from slca_exp.compare_stats import (
-    Effect,
-    Observations,
-    effects_rows,
-    levels,
-    seed_of,
-    swept_value,
-)
+from slca_exp.analysis.differences import Effect, effects_rows, levels
+from slca_exp.analysis.estimates import CONFIDENCE, mean_interval
+from slca_exp.analysis.runs import Observations, Selection, seed_of, swept_value
 from slca_exp.core import names, tags
-from slca_exp.effects import CONFIDENCE, mean_interval
 from slca_exp.recipe import COMPONENTS
 
 GRAD_COS = names.TRAIN_GRAD_COS
@@ -41,7 +35,7 @@ GRAD_COS = names.TRAIN_GRAD_COS
 
 def write_report(
     observe: Observations,
-    selection: Any,  # noqa: ANN401 - compare.Selection: label, runs, swept
+    selection: Selection,
     groups: Mapping[str, Sequence[Any]],
     table: tuple[Sequence[str], Sequence[Sequence[str]]],
     differences: tuple[Sequence[Effect], Sequence[Effect]],
@@ -52,12 +46,13 @@ def write_report(
     """Write the report to ``out`` (and its plots beside it); returns ``out``.
 
     Args:
-        observe: the runs' observations (:class:`~slca_exp.compare_stats.Observations`).
+        observe: the runs' observations (:class:`~slca_exp.analysis.runs.Observations`).
         selection: the runs compare selected (its ``label``, ``runs`` and ``swept`` keys).
         groups: legend label -> the runs of one group, as compare's table and plots group them.
         table: compare's table (header, rows).
-        differences: the differences per cell (:func:`slca_exp.compare_stats.effects`) and how
-            they change along a numeric factor (:func:`slca_exp.compare_stats.interactions`).
+        differences: the differences per cell (:func:`~slca_exp.analysis.differences.effects`)
+            and how they change along a numeric factor
+            (:func:`~slca_exp.analysis.differences.interactions`).
         plots: the plots compare wrote; copied beside the report.
         out: the report's path.
         argv: compare's command line, quoted in the report.
@@ -147,7 +142,7 @@ def _notes(study: str) -> dict[str, str]:
     return study_notes(study)
 
 
-def _provenance(selection: Any, parent: Any, argv: Sequence[str]) -> list[str]:  # noqa: ANN401
+def _provenance(selection: Selection, parent: Any, argv: Sequence[str]) -> list[str]:  # noqa: ANN401
     runs = selection.runs
     commits = sorted({r.data.tags.get(tags.GIT_COMMIT, "") for r in runs} - {""})
     start, end = _span(parent, runs)

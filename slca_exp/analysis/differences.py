@@ -2,14 +2,13 @@
 
 - :func:`effects`: for every swept factor with two levels (``algorithm=grpo,slca_grpo``), in every
   cell of the other swept factors (the seed left out), the difference of each metric between the
-  two levels (:mod:`slca_exp.effects`: paired t over the seeds both levels have, else Welch).
+  two levels (:mod:`~slca_exp.analysis.estimates`: paired t over the seeds both levels have,
+  else Welch).
 - :func:`dose_response`: for every numeric swept factor (``judge.noise.p=0,0.5,1``), the mean
   observation at each level with its 95% interval, one line per combination of the other swept
-  factors; :func:`plot_dose_response` draws it.
+  factors; :func:`slca_exp.analysis.plots.plot_dose_response` draws it.
 
-One observation per run (:class:`Observations`): a metric's final value, or for a per-step
-diagnostic (:data:`~slca_exp.effects.MEAN_OVER_STEPS`, e.g. ``train/grad_cos``) its mean over the
-run's steps (NaN steps left out).
+One observation per run (:class:`~slca_exp.analysis.runs.Observations`).
 """
 
 from __future__ import annotations
@@ -17,52 +16,10 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from slca_exp.core.tags import swept_tag
-from slca_exp.effects import MEAN_OVER_STEPS, Estimate, mean_interval, paired, welch
-from slca_exp.tracking.mlflow import mlflow_key
-
-SEED_KEYS = ("seed",)
-"""Swept keys whose values are repetitions (averaged over, paired on), not factors."""
-
-
-def swept_value(run: Any, key: str) -> str:  # noqa: ANN401
-    """A run's value of a swept key: its ``slca.swept.<key>`` tag, else its param."""
-    tags, params = run.data.tags, run.data.params
-    return tags.get(swept_tag(key), params.get(key, ""))
-
-
-def seed_of(run: Any) -> str:  # noqa: ANN401
-    """A run's seed: its swept value, else its param (``?`` when it has neither)."""
-    return swept_value(run, "seed") or run.data.params.get("seed", "?")
-
-
-class Observations:
-    """One number per (run, metric), read from the store once."""
-
-    def __init__(self, client: Any) -> None:  # noqa: ANN401
-        self.client = client
-        self._cache: dict[tuple[str, str], float | None] = {}
-
-    def __call__(self, run: Any, metric: str) -> float | None:  # noqa: ANN401
-        """The run's observation of ``metric``; ``None`` when it has none."""
-        key = (run.info.run_id, metric)
-        if key not in self._cache:
-            self._cache[key] = self._read(run, metric)
-        return self._cache[key]
-
-    def _read(self, run: Any, metric: str) -> float | None:  # noqa: ANN401
-        name = mlflow_key(metric)
-        if name not in run.data.metrics:
-            return None
-        if metric in MEAN_OVER_STEPS:
-            history = self.client.get_metric_history(run.info.run_id, name)
-            values = [m.value for m in history if math.isfinite(m.value)]
-            return math.fsum(values) / len(values) if values else None
-        value = float(run.data.metrics[name])
-        return value if math.isfinite(value) else None
+from slca_exp.analysis.estimates import Estimate, mean_interval, paired, welch
+from slca_exp.analysis.runs import SEED_KEYS, Observations
 
 
 @dataclass(frozen=True)
@@ -255,36 +212,6 @@ def dose_response(
                     points.append(DosePoint(float(value), mean, low, high, len(present)))
         out[factor] = lines
     return out
-
-
-def plot_dose_response(
-    curves: dict[str, dict[str, dict[str, list[DosePoint]]]], factor: str, path: Path, title: str
-) -> Path | None:
-    """One panel per metric: each line's mean against the factor, its 95% interval as a band."""
-    from slca_exp.tracking.plots import _pyplot, _save
-
-    panels = [(metric, by_factor[factor]) for metric, by_factor in curves.items()]
-    panels = [(m, lines) for m, lines in panels if any(lines.values())]
-    if not panels:
-        return None
-    plt = _pyplot()
-    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 3.8), squeeze=False)
-    for ax, (metric, lines) in zip(axes[0], panels, strict=True):
-        for label, points in lines.items():
-            if not points:
-                continue
-            xs = [p.x for p in points]
-            (line,) = ax.plot(xs, [p.mean for p in points], marker="o", label=label)
-            low = [p.low if math.isfinite(p.low) else p.mean for p in points]
-            high = [p.high if math.isfinite(p.high) else p.mean for p in points]
-            ax.fill_between(xs, low, high, color=line.get_color(), alpha=0.2, linewidth=0)
-        ax.set_title(metric, fontsize=9)
-        ax.set_xlabel(factor)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-    fig.suptitle(f"{title}: mean over seeds, 95% interval", fontsize=9)
-    fig.tight_layout()
-    return _save(fig, path)
 
 
 def effects_rows(found: Sequence[Effect]) -> tuple[list[str], list[list[str]]]:

@@ -18,39 +18,23 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import shutil
 import subprocess
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from filelock import FileLock
 
-from slca_exp.core.locking import lock_path
-from slca_exp.core.problems import ConfigError, Problem
+from slca_exp.core.problems import EXIT_BAD_CONFIG, ConfigError, Problem, refuse
 from slca_exp.core.shown import shown_path
-from slca_exp.serve.definitions import GROUP, load_service, service_names
-from slca_exp.serve.job import ServiceJob, log_path
+from slca_exp.launch import service_job as jobs
+from slca_exp.launch.service_definitions import GROUP, load_service, service_names
 from slca_exp.services.definition import definition_fingerprint
-from slca_exp.services.served import (
-    REGISTRY_ENV,
-    ServiceRecord,
-    ServiceRegistry,
-    ServiceUnreachable,
-    ask_server,
-    registry_folder,
-)
+from slca_exp.services.served import REGISTRY_ENV, ServiceRegistry, registry_folder
 
-EXIT_BAD_CONFIG = 2
 EXIT_FAILED = 1
-UP_POLL_S = 1.0
 UNKNOWN_POLLS = 10
 """Polls in a row at which SLURM knows nothing of a job before ``up`` takes it as ended."""
-DOWN_WAIT_S = 120.0
-"""How long ``down`` waits for a cancelled job to end (SLURM's KillWait, then SIGKILL)."""
-ACTIVE = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED", "RESIZING", "SUSPENDED")
-"""SLURM job states of a job that is not over."""
 
 # The module docstring is the help text, printed as it is: its paragraphs are plain text.
 USAGE = __doc__.split("\n\n")[1]
@@ -129,19 +113,19 @@ def _up(registry: ServiceRegistry, overrides: list[str], config_dirs: list[str],
     if name is None:
         known = ", ".join(service_names(config_dirs))
         problems.append(Problem(GROUP, "no service named", f"add service=<one of: {known}>"))
-        return _refuse(problems)
+        return refuse(problems, "the service")
     definition, profile_name, profile, found = load_service(
         name, service_overrides, launcher, launcher_overrides, config_dirs
     )
     problems += found
     if problems or definition is None or profile is None:
-        return _refuse(problems)
+        return refuse(problems, "the service")
     # One `serve up` of a service at a time: two would both find it down and both submit.
     try:
-        with FileLock(lock_path(registry.record_path(definition.name))):
+        with FileLock(f"{registry.record_path(definition.name)}.lock"):
             job = _start(registry, definition, profile_name, profile)
     except ConfigError as err:
-        return _refuse(err.problems)
+        return refuse(err.problems, "the service")
     if job is None or not wait:
         return 0
     return _wait_up(registry, definition.name, job.job_id, definition.health_timeout_s)
@@ -149,7 +133,7 @@ def _up(registry: ServiceRegistry, overrides: list[str], config_dirs: list[str],
 
 def _start(registry, definition, profile_name, profile):  # noqa: ANN001, ANN202 - submitit's job
     """Submit the service's job unless it is already queued or running (then ``None``)."""
-    state = service_state(registry, definition.name)
+    state = jobs.service_state(registry, definition.name)
     running = getattr(state.record, "fingerprint", None)
     if state.job_active and running not in (None, definition_fingerprint(definition)):
         raise ConfigError(
@@ -173,14 +157,16 @@ def _start(registry, definition, profile_name, profile):  # noqa: ANN001, ANN202
     if state.record is not None or state.job is not None:
         print(f"slca-exp: service {definition.name} was {state.label}: starting it again")
         registry.forget(definition.name)
-    job = _submit(registry, definition, profile_name, profile)
+    job = jobs.submit(registry, definition, profile_name, profile)
     log = job.paths.stdout
     registry.submitted(
         definition.name,
         {
             "job_id": job.job_id,
             "launcher": profile_name,
-            "submitted_at": _now(),
+            "submitted_at": datetime.datetime.now(datetime.timezone.utc).isoformat(
+                timespec="seconds"
+            ),
             "log": str(log),
         },
     )
@@ -218,31 +204,6 @@ def _split(
     return name, launcher, service_overrides, launcher_overrides, problems
 
 
-def _submit(registry, definition, profile_name, profile):  # noqa: ANN001, ANN202 - submitit's
-    import submitit
-
-    folder = log_path(registry, definition.name) / "%j"
-    executor = submitit.AutoExecutor(
-        folder=folder, cluster="slurm", slurm_max_num_timeout=profile.max_num_timeout
-    )
-    params = {
-        "timeout_min": profile.timeout_min,
-        "nodes": 1,
-        "tasks_per_node": 1,
-        "cpus_per_task": profile.cpus_per_task,
-        "mem_gb": profile.mem_gb,
-        "gpus_per_node": profile.gpus_per_node or None,
-        "name": f"slca-serve-{definition.name}",
-        "slurm_partition": profile.partition,
-        "slurm_account": profile.account,
-        "slurm_qos": profile.qos,
-        "slurm_setup": list(profile.setup) or None,
-        "slurm_signal_delay_s": profile.signal_delay_s,
-    }
-    executor.update_parameters(**{k: v for k, v in params.items() if v is not None})
-    return executor.submit(ServiceJob(definition, str(registry.folder), profile_name))
-
-
 def _wait_up(registry: ServiceRegistry, name: str, job_id: str, health_timeout_s: float) -> int:
     unknown = 0  # polls in a row at which SLURM did not know the job
     while True:
@@ -253,11 +214,11 @@ def _wait_up(registry: ServiceRegistry, name: str, job_id: str, health_timeout_s
                 f"({record.served_model_name}, {record.server_version})"
             )
             return 0
-        state = slurm_state(job_id)
+        state = jobs.slurm_state(job_id)
         unknown = unknown + 1 if state is None else 0
         if unknown >= UNKNOWN_POLLS:
             state = "no longer known to SLURM"
-        if state is not None and state not in ACTIVE:
+        if state is not None and state not in jobs.ACTIVE:
             job = registry.job(name) or {}
             print(
                 f"slca-exp: the job of service {name} ended ({state}) before its server "
@@ -268,55 +229,12 @@ def _wait_up(registry: ServiceRegistry, name: str, job_id: str, health_timeout_s
         if state == "RUNNING" and health_timeout_s <= 0:
             print(f"slca-exp: service {name} did not answer in time", file=sys.stderr)
             return EXIT_FAILED
-        time.sleep(UP_POLL_S)
+        time.sleep(jobs.POLL_S)
         if state == "RUNNING":
-            health_timeout_s -= UP_POLL_S
+            health_timeout_s -= jobs.POLL_S
 
 
 # --- status ------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ServiceState:
-    """What the registry, SLURM and the server say about one service."""
-
-    name: str
-    record: ServiceRecord | None
-    job: dict[str, object] | None
-    job_id: str | None
-    job_state: str | None  # SLURM's; None: unknown (no SLURM here) or no job
-    answers: bool
-    why: str = ""
-
-    @property
-    def job_active(self) -> bool:
-        """Whether the service's job is queued or running."""
-        return self.job_state in ACTIVE
-
-    @property
-    def label(self) -> str:
-        """Up | starting | dead | ended."""
-        if self.answers:
-            return "up"
-        if self.job_active:
-            return "dead" if self.record is not None else "starting"
-        return "dead" if self.record is not None else "ended"
-
-
-def service_state(registry: ServiceRegistry, name: str) -> ServiceState:
-    """Ask the registry, SLURM and (when recorded) the server about ``name``."""
-    record, job = registry.record(name), registry.job(name)
-    job_id = record.job_id if record is not None else (job or {}).get("job_id")
-    job_state = slurm_state(str(job_id)) if job_id else None
-    answers, why = False, ""
-    if record is not None:
-        try:
-            served = ask_server(record.base_url, record.api_key_env, timeout_s=5.0)
-            answers = served.card(record.served_model_name) is not None
-            why = "" if answers else f"serves {served.ids}"
-        except ServiceUnreachable as err:
-            why = str(err)
-    return ServiceState(name, record, job, job_id, job_state, answers, why)
 
 
 def _status(registry: ServiceRegistry) -> int:
@@ -326,7 +244,7 @@ def _status(registry: ServiceRegistry) -> int:
         return 0
     rows = [("SERVICE", "ROLE", "STATE", "JOB", "ENDPOINT", "MODEL", "SERVER")]
     for name in names:
-        s = service_state(registry, name)
+        s = jobs.service_state(registry, name)
         r = s.record
         state = s.label + (f" ({s.why})" if s.why and not s.answers else "")
         job = f"{s.job_id} {s.job_state or '?'}" if s.job_id else "-"
@@ -361,19 +279,19 @@ def _down(registry: ServiceRegistry, names: list[str], every: bool) -> int:
     if unknown:  # the key is the argument's name (argparse's dest, NAME in the usage)
         what = f"no service {', '.join(map(repr, unknown))} in the registry {folder}"
         fix = f"name one of: {', '.join(known)}" if known else "it holds none: nothing to stop"
-        return _refuse([Problem("names", what, fix)], "the command")
+        return refuse([Problem("names", what, fix)], "the command")
     if not wanted:
         print(f"slca-exp: no service is up: the registry {folder} holds none; nothing to stop")
         return 0
     status = 0
     for name in wanted:
-        state = service_state(registry, name)
+        state = jobs.service_state(registry, name)
         if state.job_id and state.job_active:
             subprocess.run(["scancel", str(state.job_id)], check=False)
-            if not _wait_ended(str(state.job_id)):
+            if not jobs.wait_ended(str(state.job_id)):
                 print(
                     f"slca-exp: the job {state.job_id} of service {name} has not ended "
-                    f"{DOWN_WAIT_S:g} s after scancel; it stays in the registry",
+                    f"{jobs.DOWN_WAIT_S:g} s after scancel; it stays in the registry",
                     file=sys.stderr,
                 )
                 status = EXIT_FAILED
@@ -390,7 +308,7 @@ def _stoppable(registry: ServiceRegistry) -> int:
     SLURM job (or a registry entry) as much as one that answers.
     """
     folder = shown_path(registry.folder)
-    states = [service_state(registry, name) for name in registry.names()]
+    states = [jobs.service_state(registry, name) for name in registry.names()]
     if not states:
         print(
             f"slca-exp: serve down: no service is up (the registry {folder} holds none), so "
@@ -411,42 +329,3 @@ def _stoppable(registry: ServiceRegistry) -> int:
     )
     print("\n".join(lines), file=sys.stderr)
     return EXIT_BAD_CONFIG
-
-
-def _wait_ended(job_id: str) -> bool:
-    deadline = time.monotonic() + DOWN_WAIT_S
-    while time.monotonic() < deadline:
-        if slurm_state(job_id) not in ACTIVE:
-            return True
-        time.sleep(UP_POLL_S)
-    return False
-
-
-# --- shared ------------------------------------------------------------------------------------
-
-
-def slurm_state(job_id: str) -> str | None:
-    """SLURM's state of ``job_id`` (``squeue``, then ``sacct``); ``None`` when neither knows."""
-    for command in (
-        ["squeue", "-h", "-t", "all", "-j", job_id, "-o", "%T"],
-        ["sacct", "-n", "-X", "-P", "-j", job_id, "-o", "State"],
-    ):
-        if shutil.which(command[0]) is None:
-            continue
-        try:
-            res = subprocess.run(command, capture_output=True, text=True, timeout=30, check=False)
-        except (OSError, subprocess.TimeoutExpired):
-            continue
-        words = res.stdout.split()
-        if res.returncode == 0 and words:
-            return words[0].rstrip("+")
-    return None
-
-
-def _refuse(problems: list[Problem], subject: str = "the service") -> int:
-    print(f"slca-exp: {ConfigError(problems, subject)}", file=sys.stderr)
-    return EXIT_BAD_CONFIG
-
-
-def _now() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")

@@ -1,0 +1,286 @@
+"""``slca-exp rollouts``: a run's logged rollouts in the terminal, segment by segment.
+
+    slca-exp rollouts RUN [--step N] [--val] [--best | --worst] [--html OUT] [--tracking-uri URI]
+
+A training run logs a sample of its rollouts as artifacts (``slca_exp/rollouts/files.py``):
+``rollouts/<split>/step_<NNNNNN>.jsonl``, one :class:`~slca_exp.rollouts.record.RolloutRecord`
+per line. This command reads them back:
+
+    store   --tracking-uri, else the store slca-exp train logs to (tracking/uris.py)
+      -> run      RUN as a run id, else as a run name in any experiment of the store
+      -> steps    the .jsonl files of rollouts/train (--val: rollouts/val)
+      -> step     the last of them, or --step N
+      -> records  that one file, downloaded into a temporary folder
+      -> --best / --worst keeps the rollouts ranked so
+      -> stdout   per rollout: header, rewards, segment advantages, the turns with their
+                  segment markers and each call with its answer
+      -> --html   the same rollouts' credit view (tracking/credit_view.py)
+
+Colour (ANSI) is used only when stdout is a terminal and ``NO_COLOR`` is unset or empty
+(no-color.org); piped or redirected output is plain text. Text a model wrote is printed with its
+control characters escaped, so a rollout cannot drive the terminal. Every refusal (an unknown
+run, an ambiguous name, a step that was not logged, a run without rollouts, bad flags) exits
+with status 2 and a message on stderr that names what to pass instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, NoReturn
+
+from slca_exp.core.problems import EXIT_BAD_CONFIG
+from slca_exp.core.shown import shown_uri
+from slca_exp.rollouts.record import SPLITS, RolloutRecord
+from slca_exp.tracking import readback
+from slca_exp.tracking.rollout_text import Palette, render
+
+PREFIX = "slca-exp rollouts: "
+EVERY_SETTING = "tracking.rollouts.every"
+"""The setting that makes a run log rollouts (0: none)."""
+SHOWN_STEPS = 12
+"""At most this many logged steps are listed one by one; longer lists are shortened."""
+
+
+class RolloutsError(Exception):
+    """A user-facing refusal (a step not logged, bad flags, ...): exit status 2."""
+
+
+def main(argv: Sequence[str]) -> int:
+    """Run ``slca-exp rollouts``; returns the exit status (0, or 2 when refused)."""
+    try:
+        args = _parser().parse_args(list(argv))
+    except SystemExit as exit_:  # argparse has printed the usage and the reason (or the help)
+        return int(exit_.code or 0)
+    try:
+        _check_html(args.html)
+        return _show(args)
+    except (RolloutsError, readback.ReadbackError) as err:
+        print(f"{PREFIX}{err}", file=sys.stderr)
+        return EXIT_BAD_CONFIG
+
+
+def _show(args: argparse.Namespace) -> int:
+    """Find the run and step, print the selected rollouts, write the credit view."""
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
+    from slca_exp.tracking.uris import absolute_uri, default_tracking_uri
+
+    uri = absolute_uri(args.tracking_uri) if args.tracking_uri else default_tracking_uri()
+    readback.check_store(uri, explicit=bool(args.tracking_uri))
+    split = "val" if args.val else "train"
+    try:
+        client = MlflowClient(tracking_uri=uri)
+        run = readback.find_run(client, args.run)
+        label = _run_label(run)
+        steps = readback.logged_steps(client, run.info.run_id, split)
+        if not steps:
+            other = next(s for s in SPLITS if s != split)
+            raise RolloutsError(
+                no_rollouts_message(
+                    label, split, readback.logged_steps(client, run.info.run_id, other)
+                )
+            )
+        step = choose_step(steps, args.step, split, label)
+        records = readback.download_records(uri, run.info.run_id, split, step)
+    except MlflowException as err:
+        raise RolloutsError(f"MLflow at {shown_uri(uri)}: {err.message}") from err
+    rank = "best" if args.best else "worst" if args.worst else None
+    selected = _select(records, rank, split, step)
+    palette = Palette.for_stream(sys.stdout)
+    print(palette.bold(_summary(label, split, step, steps, selected, rank)))
+    for record in selected:
+        print()
+        print(render(record, palette))
+    if args.html is not None:
+        _write_html(args.html, selected, f"{label} · {split} step {step}")
+    return 0
+
+
+def _select(
+    records: list[RolloutRecord], rank: str | None, split: str, step: int
+) -> list[RolloutRecord]:
+    """The records ranked ``rank`` (all when None); refuses an empty selection."""
+    if not records:
+        raise RolloutsError(f"the {split} rollouts of step {step} are an empty file")
+    if rank is None:
+        return records
+    chosen = [r for r in records if r.rank == rank]
+    if not chosen:
+        why = (
+            "validation rollouts are not ranked (one per prompt)"
+            if split == "val"
+            else f"none of its {len(records)} rollouts is ranked {rank}"
+        )
+        raise RolloutsError(
+            f"--{rank}: step {step} ({split}) has no {rank} rollout: {why}. Drop --{rank} to see "
+            "them all."
+        )
+    return chosen
+
+
+def _summary(
+    label: str,
+    split: str,
+    step: int,
+    steps: Sequence[int],
+    selected: Sequence[RolloutRecord],
+    rank: str | None,
+) -> str:
+    count = f"{len(selected)} rollout{'s' if len(selected) != 1 else ''}"
+    which = f" ranked {rank}" if rank else ""
+    return f"{label}: {split} step {step}, {count}{which} (logged steps: {compact_steps(steps)})"
+
+
+def _run_label(run: Any) -> str:  # noqa: ANN401 - an mlflow Run
+    name = run.info.run_name
+    return f"run {name} ({run.info.run_id})" if name else f"run {run.info.run_id}"
+
+
+def _check_html(out: Path | None) -> None:
+    """Refuse an ``--html`` file that cannot be written: before anything is downloaded."""
+    if out is None:
+        return
+    if out.is_dir():
+        raise RolloutsError(
+            f"--html {out}: is a folder; give a file name, e.g. --html {out / 'rollouts.html'}"
+        )
+    if not out.parent.is_dir():
+        raise RolloutsError(
+            f"--html {out}: the folder {out.parent} does not exist; create it first or write "
+            "the view elsewhere"
+        )
+
+
+def _write_html(out: Path, records: Sequence[RolloutRecord], title: str) -> None:
+    from slca_exp.tracking.credit_view import render_credit_view
+
+    out.write_text(render_credit_view(list(records), title=title), encoding="utf-8")
+    print(f"\ncredit view: {out}")
+
+
+def _step(text: str) -> int:
+    """``--step``'s value: a step number (0 or more)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a step number: give the RL step as a whole number >= 0 (--step 10)"
+        )
+    return value
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, its errors followed by where the flags are listed."""
+
+    def error(self, message: str) -> NoReturn:
+        """Exit 2 with ``message``, a hint for the two ranks, and where the flags are."""
+        if "not allowed with argument" in message:
+            message += " (pick one: --best shows each group's best rollout, --worst its worst)"
+        super().error(f"{message}; slca-exp rollouts --help lists the flags")
+
+
+def _parser() -> argparse.ArgumentParser:
+    # Plain text: the module docstring's markup would reach the terminal as it is.
+    parser = _Parser(
+        prog="slca-exp rollouts",
+        description="A run's logged rollouts in the terminal: per rollout its rewards, its two "
+        "segment advantages and token counts, then the response turn by turn with segment "
+        "markers and each tool call with its answer. Shows the last logged train step unless "
+        "told otherwise; a run logs rollouts with tracking.rollouts.every=N (0: none).",
+    )
+    parser.add_argument("run", metavar="RUN", help="an MLflow run id, or a run name")
+    parser.add_argument(
+        "--step",
+        type=_step,
+        metavar="N",
+        help="the logged step to show; default: the last one",
+    )
+    parser.add_argument(
+        "--val",
+        action="store_true",
+        help="the validation rollouts (no advantages) instead of the training ones",
+    )
+    rank = parser.add_mutually_exclusive_group()
+    rank.add_argument("--best", action="store_true", help="only each group's best rollout")
+    rank.add_argument("--worst", action="store_true", help="only each group's worst rollout")
+    parser.add_argument(
+        "--html",
+        type=Path,
+        metavar="OUT",
+        help="also write the selected rollouts' credit view (token-level advantages) to OUT",
+    )
+    parser.add_argument(
+        "--tracking-uri",
+        metavar="URI",
+        help="MLflow tracking URI; default: the store slca-exp train logs to",
+    )
+    return parser
+
+
+def choose_step(steps: Sequence[int], wanted: int | None, split: str, run_label: str) -> int:
+    """``wanted``, or the last logged step when it is None.
+
+    Raises:
+        RolloutsError: ``wanted`` was not logged (the logged steps are listed).
+
+    """
+    if wanted is None:
+        return steps[-1]
+    if wanted not in steps:
+        raise RolloutsError(
+            f"--step {wanted}: {run_label} logged no {split} rollouts at step {wanted}; its "
+            f"logged {split} steps: {compact_steps(steps)}. Pass one of them, or omit --step "
+            "for the last."
+        )
+    return wanted
+
+
+def no_rollouts_message(run_label: str, split: str, others: Sequence[int]) -> str:
+    """Why ``split`` has nothing to show: none logged at all, or only the other split's."""
+    if others:
+        other = next(s for s in SPLITS if s != split)
+        flag = "drop --val" if split == "val" else "add --val"
+        return (
+            f"{run_label} logged no {split} rollouts (rollouts/{split}/ is empty); it logged "
+            f"{other} rollouts at steps {compact_steps(others)}: {flag}."
+        )
+    return (
+        f"{run_label} logged no rollouts (its rollouts/train/ and rollouts/val/ artifact folders "
+        f"are empty). A run logs them with {EVERY_SETTING}=N (the first RL step, every N-th and "
+        f"every validation; {EVERY_SETTING}=0 turns them off): was it 0, or did the run stop "
+        "before its first logged step?"
+    )
+
+
+def compact_steps(steps: Sequence[int]) -> str:
+    """The steps as a short list: a regular stretch of four or more as ``a, b, ..., z``.
+
+    >>> compact_steps([1, 10, 20, 30, 40, 50])
+    '1, 10, 20, ..., 50 (6 steps)'
+    >>> compact_steps([3, 7])
+    '3, 7'
+    """
+    parts: list[str] = []
+    i = 0
+    while i < len(steps):
+        j = i + 1
+        while j + 1 < len(steps) and steps[j + 1] - steps[j] == steps[i + 1] - steps[i]:
+            j += 1
+        if j - i >= 3:
+            parts.append(f"{steps[i]}, {steps[i + 1]}, ..., {steps[j]}")
+            i = j + 1
+        else:
+            parts.append(str(steps[i]))
+            i += 1
+    every_one = len(parts) == len(steps)
+    if len(parts) > SHOWN_STEPS:
+        half = SHOWN_STEPS // 2
+        parts, every_one = [*parts[:half], "...", *parts[-half:]], False
+    text = ", ".join(parts)
+    return text if every_one else f"{text} ({len(steps)} steps)"

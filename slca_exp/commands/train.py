@@ -1,0 +1,241 @@
+"""``slca-exp train``: check every job, then run it here, submit it, or print or describe it.
+
+``validate``, ``train --dry-run``, ``train --cfg job`` and ``train`` itself run the same checks
+before anything starts (:mod:`slca_exp.preflight`): a bad recipe exits 2 with one message listing
+every problem, before Hydra creates anything. ``launcher=<profile>`` and ``sweep=<study>`` are
+the command line's own overrides (:mod:`slca_exp.launch.command`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import io
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING
+
+from slca_exp.core.problems import ConfigError, Problem, refuse
+from slca_exp.launch.command import (
+    OWN_FLAGS,
+    CommandLine,
+    check_jobs,
+    hydra_args,
+    read_command_line,
+)
+from slca_exp.plugins import load_plugins
+
+if TYPE_CHECKING:
+    from slca_exp.tracking.redact import Redactor
+
+HELP = """\
+usage: slca-exp train [--dry-run] [--offline] [-m] [HYDRA FLAGS] [OVERRIDES]
+
+Run a recipe: every job is checked first (the config, the recipe's files and weights, the
+engine's own check); a bad recipe exits 2 listing every problem, and nothing is created.
+
+options:
+  --dry-run        check every job, then print the jobs, the resources and (SLURM) the sbatch
+                   script; submits nothing, runs nothing
+  --offline        --dry-run / --cfg: do not ask the judge and simulator servers whether they
+                   answer (when they start with the job, on the cluster)
+  -m, --multirun   run one job per combination of the listed values (a=1,2 b=x,y)
+  --cfg job|hydra|all  print the composed config of every job, then its problems (exit 2);
+                   runs and submits nothing
+  --resolve        with --cfg: resolve interpolations
+  --config-dir DIR     a folder of your own options (DIR/judge/my_judge.yaml: judge=my_judge)
+  --config-name NAME   the primary config (default: config)
+  --hydra-help     Hydra's own help
+  -h, --help       this help
+
+overrides:
+  group=option     pick an option of a config group (below)
+  key=value        set a value (reward.tool_weights.name=0.3); every key and its value:
+                   slca-exp train --cfg job
+  launcher=NAME    a cluster profile (launchers/); launcher.<key>=value adjusts it
+  sweep=NAME       a ready study (sweeps/), with -m
+
+config groups:
+{groups}
+"""
+
+_HIDDEN_GROUPS = ("schema", "service")
+"""Config groups a run does not pick: internal (the schemas YAML options merge onto), or read by
+another command (``service``: ``slca-exp serve up``)."""
+
+
+def main(argv: Sequence[str]) -> int:
+    """Run ``slca-exp train``; returns the exit status (0, or 2 listing every problem)."""
+    rest = list(argv)
+    if "-h" in rest or "--help" in rest:
+        print(HELP.format(groups=_groups()))
+        return 0
+    try:
+        load_plugins()
+    except ConfigError as err:
+        return refuse(err.problems, err.subject)
+    dry_run, offline = "--dry-run" in rest, "--offline" in rest
+    command = read_command_line([a for a in rest if a not in OWN_FLAGS])
+    args, rest = command.args, command.rest
+    if args.cfg and not args.config_path:
+        return _show_cfg(command, probe=not offline)
+    informational = args.help or args.hydra_help or args.shell_completion or args.info or args.cfg
+    if command.submits and not args.multirun and not informational:
+        # Hydra runs a single job here whatever the launcher; a launcher that submits makes the
+        # job a sweep of one, so `train launcher=slurm_cpu` goes to the cluster. Not when Hydra
+        # only prints (--cfg, --info): it refuses those with -m, and nothing is to be submitted.
+        rest = ["-m", *rest]
+        args = hydra_args(rest)
+    from slca_exp import train
+
+    if informational or args.config_path:
+        # With --config-path the primary config is not ours to pre-check; the task validates it.
+        if args.cfg and args.multirun:
+            command.problems.append(
+                Problem(
+                    "-m",
+                    "--cfg prints one config, and with --config-path the jobs of a sweep are "
+                    "not expanded here",
+                    "drop -m and give one value per key, or give your folder with --config-dir "
+                    "instead of --config-path to print every job",
+                )
+            )
+        if command.problems:
+            return refuse(command.problems)
+        sys.argv = ["slca-exp", *rest]
+        if args.cfg:  # Hydra prints the config: through the redactor, as _show_cfg does
+            from slca_exp.tracking.redact import Redactor
+
+            return _redacted(train.main, Redactor.from_env())
+        train.main()
+        return 0
+    # Every job, before Hydra creates an output folder or a tracker opens a run.
+    checked = check_jobs(command, probe=dry_run and not offline)
+    if checked.problems:
+        return refuse(checked.problems)
+    if dry_run:
+        from slca_exp.launch.dry_run import describe
+
+        for note in checked.notes:
+            print(f"slca-exp: {note}")
+        if status := _describe_engines(checked.typed, write=True):
+            return status
+        print(describe(command.launcher, command.profile, checked.jobs))
+        return 0
+    sys.argv = ["slca-exp", *rest]
+    with _study_named(command.study):
+        train.main()
+    return 0
+
+
+def _groups() -> str:
+    """``  group: option, option`` for every config group a user picks from."""
+    from hydra.core.global_hydra import GlobalHydra
+
+    from slca_exp.preflight.compose import hydra_context
+
+    with hydra_context():
+        loader = GlobalHydra.instance().config_loader()
+        lines = [
+            f"  {group}: {', '.join(loader.get_group_options(group))}"
+            for group in sorted(loader.list_groups(""))
+            if group not in _HIDDEN_GROUPS and not group.startswith("hydra")
+        ]
+    return "\n".join(lines)
+
+
+@contextlib.contextmanager
+def _study_named(study: str | None) -> Iterator[None]:
+    """``$SLCA_EXP_STUDY`` set to ``study`` while Hydra runs: the sweep's parent run records it."""
+    from slca_exp.core.process import env_set
+    from slca_exp.launch.command import STUDY_ENV
+
+    with env_set(STUDY_ENV, study or None):
+        yield
+
+
+def _show_cfg(command: CommandLine, *, probe: bool) -> int:
+    """``--cfg job|hydra|all``: every job's composed config, then the recipe's problems.
+
+    As Hydra does, the config is printed whatever its values (on stdout); the problems the
+    checks find follow on stderr, and the exit status is 2 when there are any. Only a job that
+    does not compose (an unknown option, a bad override) prints nothing but its problems. Works
+    with every launcher and with ``-m``: Hydra prints one job's config at a time (it refuses
+    ``--cfg`` with ``-m``), so each job of a sweep is printed under its overrides. Once every
+    job passed the checks, its engine's description follows its config. Whatever Hydra prints
+    goes through the run's redactor first.
+    """
+    from hydra.core.global_hydra import GlobalHydra
+
+    from slca_exp import train
+
+    checked = check_jobs(command, probe=probe)
+    if not checked.composed:
+        return refuse(checked.problems)
+    args = command.args
+    flags = [a for a in command.rest if a not in ("-m", "--multirun")]
+    for override in args.overrides:
+        flags.remove(override)
+    for i, (job, cfg) in enumerate(zip(checked.jobs, checked.composed, strict=True)):
+        if len(checked.jobs) > 1:
+            print(f"# job #{i}: {' '.join(job) or '(defaults)'}")
+        GlobalHydra.instance().clear()
+        sys.argv = ["slca-exp", *flags, *job]
+        # Without problems every job passed, so checked.typed holds one config per job.
+        described = None if checked.problems else checked.typed[i]
+        show = functools.partial(_print_job, train.main, described)
+        if status := _redacted(show, _redactor(cfg)):
+            return status
+    if checked.problems:
+        sys.stdout.flush()  # the configs first, then what is wrong with them
+        return refuse(checked.problems)
+    return 0
+
+
+def _print_job(print_config: Callable[[], object], config: object) -> int:
+    """Hydra's print of one job's config, then (for a checked ``config``) its engine's."""
+    print_config()
+    return 0 if config is None else _describe_engines([config], write=False)
+
+
+def _redacted(show: Callable[[], object], redactor: Redactor) -> int:
+    """Run ``show`` with its stdout captured, then print that text through ``redactor``."""
+    shown = io.StringIO()
+    with contextlib.redirect_stdout(shown):
+        status = show()
+    print(redactor.text(shown.getvalue()), end="")
+    return status if isinstance(status, int) else 0
+
+
+def _redactor(cfg: object) -> Redactor:
+    """The run's redactor for a composed, maybe unchecked, config."""
+    from omegaconf.errors import OmegaConfBaseException
+
+    from slca_exp.tracking.redact import Redactor
+
+    try:
+        return Redactor.for_config(cfg)
+    except OmegaConfBaseException:  # a service's key variable does not resolve: not named
+        return Redactor.from_env()
+
+
+def _describe_engines(configs: list, *, write: bool) -> int:
+    """What each job's engine shows of it: printed after ``--cfg job``, written by ``--dry-run``.
+
+    (``engine=verl``: its translated verl configs.) Every job passed the checks before, the
+    engine's own included; a job whose engine still cannot describe it is named, and nothing is
+    written for the jobs after it.
+
+    Returns:
+        0, or 2 after naming the problems.
+
+    """
+    from slca_exp.engines import ENGINES, as_engine
+
+    for config in configs:
+        try:
+            text = as_engine(ENGINES.get(config.engine.name)).describe(config, write=write)
+        except ConfigError as err:
+            return refuse(err.problems, err.subject)
+        print(text, end="")
+    return 0
