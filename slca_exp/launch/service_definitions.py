@@ -3,7 +3,8 @@
 Every problem is found before anything is submitted and named with its key: the definition's
 own fields (:func:`slca_exp.services.definition.command_problems`), the profile's
 (:func:`slca_exp.launch.profiles.load_profile`), and what only the two together can say:
-vLLM needs GPUs, its tensor parallel size must divide them, a service is one server on one node.
+vLLM needs GPUs (unless it is its CPU build), its tensor parallel size must divide them, a
+service is one server on one node; a built-in backbone (``builtin:<experiment>``) must be one.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from slca_exp.core.problems import Problem
+from slca_exp.launch.builtin_models import builtin_problems, is_builtin
 from slca_exp.launch.profiles import LauncherProfile, load_profile
 from slca_exp.preflight.options import load_option, option_names
 from slca_exp.services.definition import ServiceDefinition, command_problems
@@ -50,6 +52,8 @@ def load_service(
     if not definition.name:
         definition.name = name
     problems += [Problem(*found) for found in command_problems(definition)]
+    if definition.uses_vllm and is_builtin(definition.model):
+        problems += builtin_problems(definition.model)
     profile_name = launcher or definition.launcher
     needs = [f"launcher.{key}={_value(value)}" for key, value in definition.resources.items()]
     profile, found = load_profile(profile_name, [*needs, *launcher_overrides], extra_config_dirs)
@@ -90,7 +94,7 @@ def launcher_problems(
                 "set launcher.nodes=1 launcher.tasks_per_node=1",
             )
         )
-    if not definition.uses_vllm:
+    if not definition.uses_vllm or definition.device == "cpu":
         return problems
     gpus = profile.gpus_per_node if profile.gpu else 0
     tp, pp = definition.tensor_parallel_size, definition.pipeline_parallel_size
@@ -100,7 +104,8 @@ def launcher_problems(
                 "launcher.gpus_per_node",
                 f"vLLM serves {definition.model} on GPUs; the profile {profile_name!r} asks for "
                 "none",
-                f"pick a GPU profile (launcher=slurm_gpu_8x) with at least {tp * pp} GPUs",
+                f"pick a GPU profile (launcher=slurm_gpu_8x) with at least {tp * pp} GPUs, or "
+                "serve a small model with vLLM's CPU build (service.device=cpu)",
             )
         )
     elif gpus % tp:

@@ -76,8 +76,10 @@ class ServiceJob:
         port = d.port or free_port(d.host)
         host = advertised_host(d.host)
         base_url = f"http://{host}:{port}/v1"
-        command = server_command(d, d.host, port)
+        command = server_command(served_definition(d, Path(self.registry)), d.host, port)
         env = dict(os.environ)
+        if d.uses_vllm and d.device == "cpu":
+            env = {**CPU_VLLM_ENV, **env}  # the job's own settings win
         if d.api_key_env:
             key = os.environ.get(d.api_key_env)
             if not key:
@@ -121,6 +123,26 @@ class ServiceJob:
         import submitit
 
         return submitit.helpers.DelayedSubmission(self)
+
+
+CPU_VLLM_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1"}
+"""What vLLM's CPU build gets unless the job's environment says otherwise: a KV cache of 1 GiB
+of host memory (its default, 4 GiB, is more than a small node spares for a tiny model)."""
+
+
+def served_definition(d: ServiceDefinition, registry: Path) -> ServiceDefinition:
+    """The definition as its server runs it: a built-in backbone built, its folder served.
+
+    vLLM is the one of this job's environment (next to its Python) when ``vllm`` is not on the
+    job's ``PATH``.
+    """
+    from slca_exp.launch.builtin_models import build_builtin, is_builtin
+
+    if d.uses_vllm and is_builtin(d.model):
+        say(f"service {d.name}: building {d.model}")
+        folder = build_builtin(d.model, registry / "models")
+        d = dataclasses.replace(d, model=str(folder), served_model_name=d.model_id)
+    return d
 
 
 def say(line: str) -> None:

@@ -3,6 +3,7 @@
     overrides --compose every job--> DictConfig --check_run--> (RunConfig, engine, Recipe)
                                        validate -> recipe -> the engine's own check
               --probe (validate, --dry-run, --cfg; not with --offline)--> judge/simulator URLs
+                                                    answer, and take the run's max_tokens
 
 :func:`check_run` is the one list of checks. The job runs it before it opens a tracker
 (``train.prepare``); every command that only looks runs it through :func:`preflight`, inside
@@ -28,6 +29,7 @@ from slca_exp.core.checking import creating_nothing, may_create, on_this_host
 from slca_exp.core.problems import ConfigError, Problem
 from slca_exp.preflight.compose import CONFIG_NAME, compose_jobs, merge_job_problems
 from slca_exp.preflight.sections import SERVICES, is_remote
+from slca_exp.preflight.served_limits import served_limit_problems
 
 if TYPE_CHECKING:
     from slca_exp.engines import Engine
@@ -71,6 +73,10 @@ def check_run(
     except ConfigError as err:
         problems += err.problems
         served = {}
+    if may_create() and not problems:
+        # at job start, before the first step: a server that refuses every request of the
+        # run's size stops it here (before a run, the probe of validate and --dry-run does)
+        problems += served_limit_problems([config], served)
     try:
         recipe = build_recipe(config, served=served)
     except ConfigError as err:
@@ -155,7 +161,7 @@ def preflight(
             notes += [n for n in pending_notes(config) if n not in notes]
     problems = [*found, *merge_job_problems(per_job, jobs, overrides)]
     if not problems and probe:
-        problems = probe_services(typed)
+        problems = probe_services(typed) or served_limit_problems(typed)
     return Preflight(jobs, typed, problems, notes, cfgs)
 
 

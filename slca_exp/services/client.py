@@ -39,6 +39,8 @@ from typing import Any, TypeVar
 
 import aiohttp
 
+from slca_exp.services.failures import FAILURES
+
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
@@ -317,7 +319,7 @@ class ChatClient:
             await asyncio.sleep(self._delay(attempt))
         tail = f" after {attempt} attempts" if attempt > 1 else ""
         error = scrub(f"{reason}{tail}", key)
-        log.warning("%s request failed: %s", self.config_key, error)
+        FAILURES.note(self.config_key, error)  # said once per kind and step, not per request
         return Completion(None, error, attempt, _ms(start))
 
     def _relocate(self) -> None:

@@ -16,12 +16,15 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import shutil
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from slca_exp.config.fields import param
 from slca_exp.services.vllm_line import recorded
+from slca_exp.services.vllm_options import DEVICES
 
 ROLES = ("judge", "simulator")
 """The run config groups a service can stand behind."""
@@ -51,6 +54,12 @@ class ServiceDefinition:
     revision: str | None = param(None, "hub revision (branch, tag or commit) of the weights")
     served_model_name: str | None = param(
         None, "the model id the server answers to (a run's judge.model); null: model"
+    )
+    device: str = param(
+        "cuda",
+        "where vLLM serves it: cuda (GPUs, vLLM's CUDA build, the gpu extra) | cpu (vLLM's CPU "
+        "build, which make install puts here: tiny models, CI)",
+        choices=DEVICES,
     )
     tensor_parallel_size: int = param(1, "GPUs each model replica is split over", gt=0)
     pipeline_parallel_size: int = param(1, "pipeline stages", gt=0)
@@ -113,6 +122,9 @@ def identity_fields(definition: ServiceDefinition) -> dict[str, Any]:
         "pipeline_parallel_size": definition.pipeline_parallel_size,
         "extra_args": list(definition.extra_args),
         "command": list(definition.command) if definition.command else None,
+        # vLLM's CPU build computes otherwise than its CUDA build (said only when it is the CPU:
+        # the fingerprints of GPU services stay what they were)
+        **({"device": "cpu"} if definition.device == "cpu" else {}),
     }
 
 
@@ -202,8 +214,9 @@ FIELD_OPTIONS = {
 def vllm_problems(definition: ServiceDefinition) -> list[tuple[str, str, str]]:
     """(key, what, fix) for each problem of the definition's ``vllm serve`` line.
 
-    The line is read against the options of the vLLM the ``gpu`` extra pins, recorded from its
-    parser (:mod:`slca_exp.services.vllm_line`); each problem names the field it comes from.
+    The line is read against the options of the vLLM build of the definition's ``device``
+    (``cuda``: the one the ``gpu`` extra pins; ``cpu``: the CPU build), recorded from its parser
+    (:mod:`slca_exp.services.vllm_line`); each problem names the field it comes from.
     ``extra_args`` may not set what a field sets: vLLM would take the last, while the launcher
     checks and the fingerprint take the field; nor the API key, which would be on the line.
 
@@ -214,7 +227,7 @@ def vllm_problems(definition: ServiceDefinition) -> list[tuple[str, str, str]]:
     parts = _vllm_parts(definition, definition.host, definition.port)
     line = [arg for _, args in parts for arg in args]
     owners = [key for key, args in parts for _ in args]
-    read = recorded().read(line)
+    read = recorded(definition.device).read(line)
     found = [(owners[p.index], f"{p.arg}: {p.what}", p.fix) for p in read.problems]
     extra = len(line) - len(definition.extra_args)
     for given in read.given:
@@ -246,7 +259,11 @@ def server_command(
     ['py', '-m', 'srv', '--port=9']
     """
     if definition.uses_vllm:
-        return vllm_command(definition, host, port)
+        command = vllm_command(definition, host, port)
+        beside = Path(python).parent / "vllm"  # the vllm of the job's environment
+        if shutil.which("vllm") is None and beside.is_file():
+            command[0] = str(beside)
+        return command
     values = {
         "python": python,
         "host": host,
@@ -308,6 +325,16 @@ def command_problems(definition: ServiceDefinition) -> list[tuple[str, str, str]
                     f"give service.resources.{key} a number or a string",
                 )
             )
+    if definition.device == "cpu" and definition.uses_vllm:
+        for key in ("tensor_parallel_size", "pipeline_parallel_size"):
+            if getattr(definition, key) != 1:
+                found.append(
+                    (
+                        f"service.{key}",
+                        "vLLM's CPU build serves from one process here (service.device=cpu)",
+                        f"set service.{key}=1, or serve on GPUs (service.device=cuda)",
+                    )
+                )
     if definition.port > 65535:
         found.append(("service.port", f"{definition.port} is not a port", "give 0 to 65535"))
     if definition.uses_vllm and definition.model:

@@ -27,6 +27,7 @@ from slca_exp.core.names import (
     val,
 )
 from slca_exp.core.tags import outage_tag
+from slca_exp.services.failures import FAILURES, step_lines
 
 SERVICES: Final[tuple[str, ...]] = ("judge", "simulator")
 _REQUESTS: Final[dict[str, str]] = {"judge": JUDGE_REQUESTS, "simulator": SIMULATOR_REQUESTS}
@@ -100,6 +101,8 @@ class ServiceWatch:
             ServiceOutage: a service failed every request of this step and the policy is stop.
 
         """
+        for line in step_lines(FAILURES.drain(), step):
+            print(line, file=sys.stderr, flush=True)
         down = outages(metrics)
         for service in down:
             self.steps.setdefault(service, []).append(step)

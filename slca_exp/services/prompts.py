@@ -99,6 +99,11 @@ class PromptTemplate:
         return "".join(out)
 
 
+def literal_text(template: str) -> str:
+    """A template's text without its placeholders: what every prompt rendered from it holds."""
+    return "".join(_split(template)[0::2])
+
+
 def _split(text: str) -> tuple[str, ...]:
     parts: list[str] = []
     literal: list[str] = []

@@ -21,17 +21,17 @@ import importlib.metadata
 import inspect
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from slca_exp.services.vllm_options import RECORD, RECORD_COMMAND, VllmOption
+from slca_exp.services.vllm_options import RECORD_COMMAND, VllmOption, record_path
 
 PARSER = (
-    "vllm.entrypoints.openai.cli_args.make_arg_parser on the `serve` subparser of "
+    "{module}.make_arg_parser on the `serve` subparser of "
     "vllm.utils.argparse_utils.FlexibleArgumentParser"
 )
-"""Where the recorded options come from (written into the record)."""
+"""Where the recorded options come from (written into the record, ``module`` filled in)."""
 
 _ACTIONS = {
     argparse._StoreAction: "store",
@@ -73,13 +73,21 @@ def build_parsers() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
         from vllm.platforms.cpu import CpuPlatform
 
         platforms.current_platform = CpuPlatform()
-    from vllm.entrypoints.openai.cli_args import make_arg_parser
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
     top = FlexibleArgumentParser(description="vLLM CLI")
     subparsers = top.add_subparsers(required=False, dest="subparser")
     serve = subparsers.add_parser("serve", usage="vllm serve [model_tag] [options]")
-    return top, make_arg_parser(serve)
+    return top, make_arg_parser()(serve)
+
+
+def make_arg_parser() -> Callable[[argparse.ArgumentParser], argparse.ArgumentParser]:
+    """The ``make_arg_parser`` of vLLM, from where the installed vLLM keeps it."""
+    try:  # vLLM 0.25 and later
+        from vllm.entrypoints.launchers.cli_args import make_arg_parser as make
+    except ImportError:
+        from vllm.entrypoints.openai.cli_args import make_arg_parser as make
+    return make
 
 
 def value_type(action: argparse.Action) -> tuple[str, bool, str | None]:
@@ -146,7 +154,7 @@ def record(serve: argparse.ArgumentParser, version: str) -> dict[str, Any]:
     return {
         "vllm": version,
         "recorded_by": RECORD_COMMAND,
-        "parser": PARSER,
+        "parser": PARSER.format(module=make_arg_parser().__module__),
         "positionals": positionals,
         "options": [o.to_json() for o in sorted(options, key=lambda o: o.name)],
     }
@@ -162,10 +170,16 @@ def render(data: dict[str, Any]) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     """Write (or ``--check``) the record of the installed vLLM's ``vllm serve`` options."""
     cli = argparse.ArgumentParser(prog=RECORD_COMMAND, description=__doc__.splitlines()[0])
-    cli.add_argument("--output", type=Path, default=RECORD, help="the record (default: shipped)")
+    cli.add_argument(
+        "--output",
+        type=Path,
+        default=None,
+        help="the record (default: the shipped one of the installed build, CPU or not)",
+    )
     cli.add_argument("--check", action="store_true", help="compare, write nothing; 1 if differs")
     args = cli.parse_args(argv)
     version = importlib.metadata.version("vllm")
+    args.output = args.output or record_path("cpu" if "+cpu" in version else "cuda")
     _, serve = build_parsers()
     data = record(serve, version)
     text = render(data)

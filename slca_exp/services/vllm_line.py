@@ -8,7 +8,8 @@ argparse expands while it is unambiguous, is refused (a later vLLM may add a fla
 ambiguous), and so is ``--help``, after which no server starts. Left to vLLM, which checks them
 when the server starts: a config option's JSON against its config class (type ``config_json``),
 values of its own converters and actions (type ``other``, ``--lora-modules``), and the file
-``--config`` names. The options come from :data:`slca_exp.services.vllm_options.RECORD`.
+``--config`` names. The options come from the record of the service's vLLM build
+(:func:`slca_exp.services.vllm_options.record_path`).
 
 >>> [p.arg for p in line_problems(["vllm", "serve", "org/m", "--tensor-parallel-sise", "8"])]
 ['--tensor-parallel-sise']
@@ -24,7 +25,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from slca_exp.services.vllm_options import RECORD, VllmOption
+from slca_exp.services.vllm_options import VllmOption, record_path
 
 _NEGATIVE_NUMBER = re.compile(r"^-\d+$|^-\d*\.\d+$")
 """What argparse takes for a negative number, a value rather than a flag (vLLM declares no flag
@@ -82,7 +83,7 @@ class ServeOptions:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> ServeOptions:
-        """The options of a record (:data:`RECORD`'s content)."""
+        """The options of a record (a record file's content)."""
         options = [VllmOption.from_json(o) for o in data["options"]]
         return cls(data["vllm"], options, len(data["positionals"]))
 
@@ -394,9 +395,12 @@ _CONVERTERS: dict[str, Callable[[str], Any]] = {
 
 
 @functools.cache
-def recorded() -> ServeOptions:
-    """The options :data:`RECORD` holds (read once)."""
-    return ServeOptions.from_json(json.loads(RECORD.read_text()))
+def recorded(device: str = "cuda") -> ServeOptions:
+    """The options of the record of ``device``'s vLLM build (read once).
+
+    :data:`~slca_exp.services.vllm_options.RECORD` for ``cuda``, the CPU build's for ``cpu``.
+    """
+    return ServeOptions.from_json(json.loads(record_path(device).read_text()))
 
 
 def line_problems(line: Sequence[str], options: ServeOptions | None = None) -> list[LineProblem]:

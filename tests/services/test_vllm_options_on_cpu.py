@@ -29,7 +29,13 @@ from slca_exp.services.definition import (
     vllm_problems,
 )
 from slca_exp.services.vllm_line import ServeOptions, line_problems, recorded
-from slca_exp.services.vllm_options import RECORD, RECORD_COMMAND, VALUE_TYPES, VllmOption
+from slca_exp.services.vllm_options import (
+    RECORD,
+    RECORD_COMMAND,
+    VALUE_TYPES,
+    VllmOption,
+    record_path,
+)
 from tests.skip_policy import require
 
 NO_VLLM = (
@@ -331,21 +337,33 @@ def test_the_record_is_what_the_recorder_writes_and_names_its_types():
 
 
 def test_the_record_is_the_installed_vllms_parser_and_it_takes_the_shipped_lines():
+    """The installed build's record (the CPU build's here, the CUDA build's on a GPU node)."""
     from slca_exp.services.record_vllm_options import record, render
 
     _, serve = vllm_parser()
     version = importlib.metadata.version("vllm")
-    assert version == RECORDED.version, (
-        f"vLLM {version} is installed, the record holds vLLM {RECORDED.version}'s options: "
-        f"install vLLM {RECORDED.version}, or run `{RECORD_COMMAND}` for a new pin"
+    device = "cpu" if "+cpu" in version else "cuda"
+    options = recorded(device)
+    assert version == options.version, (
+        f"vLLM {version} is installed, the {device} record holds vLLM {options.version}'s "
+        f"options: install vLLM {options.version}, or run `{RECORD_COMMAND}` for a new pin"
     )
-    assert render(record(serve, version)) == RECORD.read_text(), f"run `{RECORD_COMMAND}`"
+    assert render(record(serve, version)) == record_path(device).read_text(), (
+        f"run `{RECORD_COMMAND}`"
+    )
+    served = 0
     for name in service_names():
         definition, _, _, _ = load_service(name, launcher_overrides=["launcher.partition=null"])
-        if definition is not None and definition.uses_vllm:
+        if definition is not None and definition.uses_vllm and definition.device == device:
             assert vllm_takes(vllm_command(definition, definition.host, definition.port)), name
-    disagree = [(c, t) for c, t in VERDICTS if vllm_takes(c) is not t]
-    assert disagree == [], "vLLM's parser answers otherwise than VERDICTS says"
+            served += 1
+    assert served > 0  # a shipped definition of the installed build
+    if device == "cuda":  # VERDICTS are vLLM 0.24.0's own answers
+        disagree = [(c, t) for c, t in VERDICTS if vllm_takes(c) is not t]
+        assert disagree == [], "vLLM's parser answers otherwise than VERDICTS says"
+    # the checker, reading this build's record, answers as this build's parser does
+    disagree = [c for c, _ in VERDICTS if (not options.problems(c)) is not vllm_takes(c)]
+    assert disagree == [], disagree
 
 
 @settings(max_examples=60, deadline=None)

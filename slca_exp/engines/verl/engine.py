@@ -33,6 +33,7 @@ KILLED). SIGTERM (``scancel``) stops everything at once and the runs are closed 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import sys
 import time
@@ -293,7 +294,9 @@ def check(config: RunConfig, recipe: Any = None) -> list[Problem]:  # noqa: ANN4
         from slca_exp.engines.verl import cpu
 
         v = config.engine.verl
-        problems += cpu.problems(v.strategy, v.tensor_model_parallel_size)
+        problems += cpu.problems(
+            v.strategy, v.tensor_model_parallel_size, v.cpu_rollout, head_dim(config)
+        )
     try:
         cfg = verl_config(config, recipe)
         problems += check_verl_config(cfg)
@@ -314,6 +317,24 @@ def check(config: RunConfig, recipe: Any = None) -> list[Problem]:  # noqa: ANN4
         except ConfigError as err:
             problems += err.problems
     return problems
+
+
+def head_dim(config: RunConfig) -> int | None:
+    """The backbone's attention head size: its arch's, or its checkpoint's ``config.json``'s.
+
+    ``None`` when it cannot be known here (a hub backbone, a path on the cluster).
+    """
+    b = config.backbone
+    if b.source == "builtin" and b.arch is not None:
+        return b.arch.hidden_size // b.arch.num_heads
+    found = Path(b.path or "") / "config.json"
+    if not b.path or not found.is_file():
+        return None
+    try:
+        hf = json.loads(found.read_text())
+        return int(hf.get("head_dim") or hf["hidden_size"] // hf["num_attention_heads"])
+    except (ValueError, KeyError, TypeError, ZeroDivisionError):
+        return None
 
 
 def prepare(config: RunConfig, recipe: Any, tracker: Any) -> Launch:  # noqa: ANN401

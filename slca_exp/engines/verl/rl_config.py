@@ -219,7 +219,7 @@ def verl_values(config: RunConfig, recipe: Recipe | None = None) -> dict[str, An
     )
     if backend_of(config) == "cpu":
         uses_ref = v.use_kl_loss or v.use_kl_in_reward
-        values.update(cpu.verl_values(uses_ref))
+        values.update(cpu.verl_values(uses_ref, v.cpu_rollout))
         values.update(cpu.new_values(uses_ref, v.n_gpus_per_node))
     return values
 

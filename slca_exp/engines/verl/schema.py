@@ -38,9 +38,16 @@ class VerlConfig:
 
     backend: str = param(
         "cuda",
-        "where verl trains: cuda (GPUs, vLLM rollout) | cpu (no accelerator: transformers "
-        "rollout, gloo, FSDP2; slca_exp/engines/verl/cpu) | auto (cuda when this host has a GPU)",
+        "where verl trains: cuda (GPUs, vLLM rollout) | cpu (no accelerator: vLLM's CPU build, "
+        "gloo, FSDP2; slca_exp/engines/verl/cpu) | auto (cuda when this host has a GPU)",
         choices=("cuda", "cpu", "auto"),
+    )
+    cpu_rollout: str = param(
+        "vllm",
+        "the cpu backend's rollout: vllm (verl's vLLM rollout, agent loop and weight sync on "
+        "vLLM's CPU build, as a GPU run generates; minutes to start) | hf (a transformers "
+        "server: seconds to start, for runs that test what happens around generation)",
+        choices=("vllm", "hf"),
     )
     nnodes: int = param(1, "nodes of the Ray cluster (trainer.nnodes)", gt=0)
     n_gpus_per_node: int = param(

@@ -201,7 +201,9 @@ class SLCATrainer(PPOTrainerSync):
         self._service_watch().observe(ours, self.global_steps)
         folder = OmegaConf.select(self.config, DUMP_KEY, default=None)
         if folder:
-            dump_batch(batch, infos, Path(folder) / f"step_{self.global_steps}.pt")
+            rollout_lp = bool(self.config.actor_rollout_ref.rollout.calculate_log_probs)
+            path = Path(folder) / f"step_{self.global_steps}.pt"
+            dump_batch(batch, infos, path, rollout_log_probs=rollout_lp)
         settings = self._rollout_settings()
         if settings and due(self.global_steps, int(settings["every"])):
             started = time.perf_counter()
@@ -335,18 +337,26 @@ def _tag_active_run(key: str, value: str) -> None:
         mlflow.set_tag(key, value)
 
 
-def dump_batch(batch: Any, infos: Sequence[Mapping[str, Any]], path: Path) -> Path:  # noqa: ANN401
+def dump_batch(
+    batch: Any,  # noqa: ANN401
+    infos: Sequence[Mapping[str, Any]],
+    path: Path,
+    *,
+    rollout_log_probs: bool = False,
+) -> Path:
     """Write what the actor will train on at this step, as the trainer holds it.
 
     ``torch.save`` of a dict: ``advantages``, ``response_mask``, ``rm_scores`` and
     ``old_log_probs`` ((B, T), padded; the last are the actor's log-probs of the response tokens
-    before this step's update), ``prompts`` and ``responses`` (each row's token ids, unpadded),
-    ``uid`` (B group ids), and the reward side's ``reward_extra_info`` rows (``infos``), in the
-    batch's row order. Written to a temporary name first, then renamed.
+    before this step's update), with ``rollout_log_probs`` the rollout server's log-probs of the
+    same tokens (when the rollout returns them), ``prompts`` and ``responses`` (each row's token
+    ids, unpadded), ``uid`` (B group ids), and the reward side's ``reward_extra_info`` rows
+    (``infos``), in the batch's row order. Written to a temporary name first, then renamed.
     """
     import transfer_queue as tq
 
     fields = ["advantages", "response_mask", "rm_scores", "old_log_probs", "uid"]
+    fields += ["rollout_log_probs"] if rollout_log_probs else []
     data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=fields)
     padded = data.to_padded_tensor()
     uid = padded.pop("uid").tolist()  # a non-tensor stack (indexing gives a list-like view)
@@ -358,6 +368,11 @@ def dump_batch(batch: Any, infos: Sequence[Mapping[str, Any]], path: Path) -> Pa
         "response_mask": padded["response_mask"].detach().cpu(),
         "rm_scores": padded["rm_scores"].detach().cpu(),
         "old_log_probs": padded["old_log_probs"].detach().cpu(),
+        **(
+            {"rollout_log_probs": padded["rollout_log_probs"].detach().cpu()}
+            if rollout_log_probs
+            else {}
+        ),
         "prompts": [row.tolist() for row in tokens["prompts"].unbind()],
         "responses": [row.tolist() for row in tokens["responses"].unbind()],
         "uid": [str(u) for u in uid],

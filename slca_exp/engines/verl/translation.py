@@ -151,6 +151,8 @@ def worker_env(config: RunConfig) -> dict[str, str]:
     if backend_of(config) == "cpu":  # the platform first: later modules ask verl for it
         modules = [cpu.PLATFORM_MODULE, *modules]
         env.update(cpu.WORKER_ENV)
+        if config.engine.verl.cpu_rollout == "vllm":
+            env.update(cpu.VLLM_ENV)
         env.update(cpu.thread_env())
         env[cpu.ROLLOUT_LOG_ENV] = str(verl_dir(config) / ROLLOUT_LOG)
     env[MODULES_ENV] = ",".join(dict.fromkeys([*modules, PLUGIN_MODULE]))

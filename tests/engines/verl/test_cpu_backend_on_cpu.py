@@ -159,16 +159,58 @@ def _run_config(*overrides):
     return validate(compose_run(["experiment=verl_smoke", *overrides]))
 
 
-def test_the_cpu_backend_translates_to_hf_rollout_gloo_and_the_platform_first():
+def test_the_cpu_backend_translates_to_verls_vllm_rollout_gloo_and_the_platform_first():
     cfg = verl_config(_run_config("backbone.source=local", "backbone.path=/ckpt"))
     env = OmegaConf.select(cfg, ENV_VARS_KEY)
     modules = env["VERL_USE_EXTERNAL_MODULES"].split(",")
     assert modules[0] == cpu.PLATFORM_MODULE and modules[-1].endswith("verl.plugin")
     assert env["VERL_PLATFORM"] == "cpu"
+    assert env["VLLM_CPU_KVCACHE_SPACE"] == cpu.VLLM_ENV["VLLM_CPU_KVCACHE_SPACE"]
     rollout = cfg.actor_rollout_ref.rollout
-    assert (rollout.name, rollout.calculate_log_probs, cfg.trainer.device) == ("hf", True, "cpu")
+    assert (rollout.name, rollout.calculate_log_probs, cfg.trainer.device) == ("vllm", True, "cpu")
+    # what vLLM's CPU build cannot do (sleep mode) is off; float32 as the trainer computes
+    assert (rollout.enable_sleep_mode, rollout.free_cache_engine, rollout.dtype) == (
+        False,
+        False,
+        "float32",
+    )
+    assert rollout.engine_kwargs.vllm.worker_extension_cls == cpu.VLLM_WORKER_EXTENSION
     assert cfg.actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype == "fp32"
     assert cfg.ray_kwargs.ray_init.num_gpus == 1
+
+
+def test_the_worker_extension_verl_hands_vllm_is_verls_own_with_the_cpu_weight_sync():
+    require("vllm", reason="needs vLLM's CPU build (make install)")
+    import importlib
+
+    from verl.workers.rollout.vllm_rollout.utils import vLLMColocateWorkerExtension
+
+    module, name = cpu.VLLM_WORKER_EXTENSION.rsplit(".", 1)
+    extension = getattr(importlib.import_module(module), name)
+    assert issubclass(extension, vLLMColocateWorkerExtension)
+    assert "update_weights_from_ipc" in vars(extension)  # the one method it replaces
+
+
+def test_the_transformers_rollout_is_one_key_away():
+    cfg = verl_config(
+        _run_config("engine.verl.cpu_rollout=hf", "backbone.source=local", "backbone.path=/ckpt")
+    )
+    rollout = cfg.actor_rollout_ref.rollout
+    assert rollout.name == "hf" and "worker_extension_cls" not in rollout.engine_kwargs.vllm
+    assert "VLLM_CPU_KVCACHE_SPACE" not in OmegaConf.select(cfg, ENV_VARS_KEY)
+
+
+def test_a_backbone_whose_heads_vllms_cpu_attention_cannot_run_is_refused(tmp_path):
+    problems = check(_run_config("backbone.arch.num_heads=4", f"tracking.root={tmp_path}"))
+    (problem,) = [p for p in problems if p.key == "backbone.arch.num_heads"]
+    assert "16 wide" in problem.what and "32" in problem.what
+    assert "engine.verl.cpu_rollout=hf" in problem.fix
+    problems = check(
+        _run_config(
+            "backbone.arch.num_heads=4", "engine.verl.cpu_rollout=hf", f"tracking.root={tmp_path}"
+        )
+    )
+    assert "backbone.arch.num_heads" not in {p.key for p in problems}
 
 
 def test_the_cuda_backend_is_left_as_it_was():
@@ -186,7 +228,7 @@ def test_auto_is_the_cpu_backend_on_a_host_without_a_gpu():
     cfg = verl_config(
         _run_config("engine.verl.backend=auto", "backbone.source=local", "backbone.path=/ckpt")
     )
-    assert cfg.actor_rollout_ref.rollout.name == "hf"
+    assert cfg.actor_rollout_ref.rollout.name == "vllm" and cfg.trainer.device == "cpu"
 
 
 def test_what_the_cpu_backend_cannot_run_is_refused_naming_the_keys(tmp_path):

@@ -262,6 +262,10 @@ def recipe_args(tool_caller, steps: int, save_every: int) -> list[str]:
     """What both runs share: the ``tool_caller`` backbone, the loopback judge and simulator."""
     return [
         "experiment=verl_smoke",
+        # the transformers rollout: test_vllm_rollout_on_cpu runs verl's vLLM rollout; these
+        # 12 + 4 steps of learning checks are on the tool_caller checkpoint, whose 16-wide
+        # attention heads vLLM's CPU build has no kernel for
+        "engine.verl.cpu_rollout=hf",
         "backbone.source=local",
         "backbone.name=tool-caller",
         f"backbone.path={tool_caller.folder}",

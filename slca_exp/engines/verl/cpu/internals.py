@@ -35,6 +35,16 @@ ADAPTER_PROTOCOL
 RAY_GPU_SLOTS
     verl's resource pools ask Ray for ``GPU`` (or ``NPU``) slots only, and its availability
     check counts nothing else: a CPU node declares logical GPU slots.
+VLLM_EXTENSION_SETTING
+    verl's ``vLLMHttpServer.launch_server`` builds vLLM's arguments with its own
+    ``worker_extension_cls`` first and ``actor_rollout_ref.rollout.engine_kwargs.vllm`` after
+    it, so the setting replaces verl's extension with the backend's (vllm_worker.py).
+VLLM_WEIGHT_SYNC
+    The backend's extension subclasses verl's ``vLLMColocateWorkerExtension`` and replaces only
+    ``update_weights_from_ipc(peft_config, base_sync_done, use_shm)``, reusing its
+    ``_get_zmq_handle``, ``_update_weights`` and ``_iter_all_models_with_config``, verl's
+    ``BucketedWeightReceiver(zmq_handle=, device=, use_shm=).receive_weights(on_bucket_received=)``
+    and vLLM's ``initialize_layerwise_reload`` / ``finalize_layerwise_reload``.
 SFT_TRAINER
     The SFT stage runs ``verl.trainer.sft_trainer_ray.SFTTrainer(config=...).fit()`` after
     joining the run's Ray cluster (verl's own entry point calls a bare ``ray.init()``).
@@ -129,6 +139,39 @@ def _ray_gpu_slots() -> str | None:
     return None if '"GPU"' in source else "the availability check no longer counts GPU slots"
 
 
+def _vllm_extension_setting() -> str | None:
+    from verl.workers.rollout.vllm_rollout.vllm_async_server import vLLMHttpServer
+
+    source = inspect.getsource(vLLMHttpServer.launch_server)
+    ours, theirs = source.find('"worker_extension_cls":'), source.find("**engine_kwargs")
+    if ours < 0 or theirs < 0:
+        return "it no longer passes worker_extension_cls and **engine_kwargs to vLLM"
+    if theirs < ours:
+        return "engine_kwargs now come before its worker_extension_cls (verl's would win)"
+    return None
+
+
+def _vllm_weight_sync() -> str | None:
+    from verl.workers.rollout.vllm_rollout import bucketed_weight_transfer
+    from verl.workers.rollout.vllm_rollout.utils import vLLMColocateWorkerExtension
+    from vllm.model_executor.model_loader import reload
+
+    params = inspect.signature(vLLMColocateWorkerExtension.update_weights_from_ipc).parameters
+    if list(params) != ["self", "peft_config", "base_sync_done", "use_shm"]:
+        return f"update_weights_from_ipc takes {list(params)}"
+    for name in ("_get_zmq_handle", "_update_weights", "_iter_all_models_with_config"):
+        if not callable(getattr(vLLMColocateWorkerExtension, name, None)):
+            return f"vLLMColocateWorkerExtension lost {name}"
+    receiver = bucketed_weight_transfer.BucketedWeightReceiver
+    init = set(inspect.signature(receiver.__init__).parameters)
+    if not {"zmq_handle", "device", "use_shm"} <= init:
+        return f"BucketedWeightReceiver takes {sorted(init)}"
+    if "on_bucket_received" not in inspect.signature(receiver.receive_weights).parameters:
+        return "BucketedWeightReceiver.receive_weights no longer takes on_bucket_received"
+    missing = {"initialize_layerwise_reload", "finalize_layerwise_reload"} - set(dir(reload))
+    return f"vLLM's model_loader.reload lost {sorted(missing)}" if missing else None
+
+
 def _sft_trainer() -> str | None:
     from verl.trainer.sft_trainer_ray import SFTTrainer
 
@@ -148,6 +191,16 @@ INTERNALS: tuple[Internal, ...] = (
     Internal("ADAPTER_PROTOCOL", "verl.workers.rollout.base.BaseRollout", _adapter_protocol),
     Internal(
         "RAY_GPU_SLOTS", "verl.single_controller.ray.base.ResourcePoolManager", _ray_gpu_slots
+    ),
+    Internal(
+        "VLLM_EXTENSION_SETTING",
+        "verl.workers.rollout.vllm_rollout.vllm_async_server.vLLMHttpServer.launch_server",
+        _vllm_extension_setting,
+    ),
+    Internal(
+        "VLLM_WEIGHT_SYNC",
+        "verl.workers.rollout.vllm_rollout.utils.vLLMColocateWorkerExtension",
+        _vllm_weight_sync,
     ),
     Internal("SFT_TRAINER", "verl.trainer.sft_trainer_ray.SFTTrainer", _sft_trainer),
 )

@@ -23,7 +23,7 @@ import torch
 from typing_extensions import override
 from verl.plugin.platform import PlatformBase, PlatformRegistry
 
-from slca_exp.engines.verl.cpu import PLATFORM, ROLLOUT
+from slca_exp.engines.verl.cpu import HF_ROLLOUT, PLATFORM
 
 ROLLOUT_CLASS = "slca_exp.engines.verl.cpu.rollout.HFServerAdapter"
 """The worker-side rollout class of the ``hf`` backend (what verl's worker instantiates)."""
@@ -232,11 +232,11 @@ def _register_rollout() -> None:
     from verl.workers.rollout.replica import RolloutReplicaRegistry
 
     RolloutReplicaRegistry.register(
-        ROLLOUT,
+        HF_ROLLOUT,
         lambda: importlib.import_module("slca_exp.engines.verl.cpu.rollout").HFReplica,
     )
     # the worker-side class has no register function: its table is private (internals.py)
-    base._ROLLOUT_REGISTRY[(ROLLOUT, "async")] = ROLLOUT_CLASS  # noqa: SLF001
+    base._ROLLOUT_REGISTRY[(HF_ROLLOUT, "async")] = ROLLOUT_CLASS  # noqa: SLF001
 
 
 _register_rollout()
