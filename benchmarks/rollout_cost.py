@@ -203,6 +203,10 @@ def verl_layer(args: argparse.Namespace, root: Path) -> None:
         flag = "  over the goal" if label == "step" and ma > mb * (1 + GOAL_LAYER) else ""
         shown = f"{ma / mb:6.2f}x" if mb > 0 else "     -"
         print(f"   {label:<14} {ma * 1e3:10.1f} {mb * 1e3:10.1f} {shown}{flag}")
+    a, b = ours.values(["response_length/mean"]), stock.values(["response_length/mean"])
+    if a and b:  # the same recipe, but each arm's policy writes its own rollouts after step 1
+        ma, mb = statistics.median(a[1:] or a), statistics.median(b[1:] or b)
+        print(f"   {'tokens/rollout':<14} {ma:10.1f} {mb:10.1f} {ma / mb:6.2f}x  (response length)")
     if logged:
         per_step = statistics.median([v for _, v, _ in logged[1:]] or [logged[0][1]])
         print(f"   rollout logging (inside the step above): {per_step * 1e3:.1f} ms per logged "

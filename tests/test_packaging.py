@@ -41,6 +41,9 @@ def test_wheel_carries_the_config_tree_and_runs_from_anywhere(tmp_path):
         "experiment/smoke.yaml",
     ):
         assert f"slca_exp/conf/{name}" in files
+    # the vllm serve records of both builds (GPU and CPU services are checked against them)
+    assert {"slca_exp/services/vllm_serve_options.json"} <= files
+    assert {"slca_exp/services/vllm_serve_options_cpu.json"} <= files
     work = tmp_path / "elsewhere"
     work.mkdir()
     code = (

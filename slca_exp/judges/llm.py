@@ -26,9 +26,12 @@ from slca_exp.rewards.toolcalls import strip_think
 from slca_exp.services.cache import open_cache
 from slca_exp.services.cached import Answer, CachedChat, served_fields, user_request
 from slca_exp.services.client import ChatClient, ChatRequest
+from slca_exp.services.failures import FAILURES
 from slca_exp.services.prompts import PromptTemplate
 
 DEFAULT_PROMPT = "hierr_judge_v1.txt"
+UNPARSEABLE = "its reply holds no rating the judge's parser reads"
+"""How a judged reply without a rating counts among the step's failures."""
 """The shipped template used when ``judge.prompt`` is not set."""
 
 _RATINGS = {label: i + 1 for i, label in enumerate(LABELS)} | {str(i): i for i in range(1, 6)}
@@ -164,5 +167,7 @@ def _verdict(answer: Answer) -> JudgeResult:
     rating = parse_rating(answer.content)
     if rating is None:
         snippet = " ".join(answer.content.split())[:80]
-        return JudgeResult.failed(f"unparseable rating: {snippet!r}", latency_ms=answer.latency_ms)
+        reason = f"unparseable rating: {snippet!r}"
+        FAILURES.note("judge", reason, kind=UNPARSEABLE)  # said once per step, not per reply
+        return JudgeResult.failed(reason, latency_ms=answer.latency_ms)
     return JudgeResult.rated(rating, cached=answer.cached, latency_ms=answer.latency_ms)

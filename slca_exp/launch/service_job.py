@@ -133,8 +133,9 @@ of host memory (its default, 4 GiB, is more than a small node spares for a tiny 
 def served_definition(d: ServiceDefinition, registry: Path) -> ServiceDefinition:
     """The definition as its server runs it: a built-in backbone built, its folder served.
 
-    vLLM is the one of this job's environment (next to its Python) when ``vllm`` is not on the
-    job's ``PATH``.
+    ``service.model=builtin:<experiment>`` (:mod:`slca_exp.launch.builtin_models`) is built
+    under ``<registry>/models`` on the node and served from there, under the model id the
+    definition gives; any other definition is served as it is.
     """
     from slca_exp.launch.builtin_models import build_builtin, is_builtin
 

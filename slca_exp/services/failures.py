@@ -46,9 +46,16 @@ class FailureDigest:
         self._said: set[tuple[str, str]] = set()
         self._stepped = False
 
-    def note(self, service: str, reason: str) -> None:
-        """Count one failed request; log it if no step will say it and it is a new kind."""
-        key = (service, failure_kind(reason))
+    def note(self, service: str, reason: str, kind: str | None = None) -> None:
+        """Count one failed request; log it if no step will say it and it is a new kind.
+
+        Args:
+            service: ``judge`` or ``simulator``.
+            reason: why it failed.
+            kind: what it counts as (default: the reason without its attempt count).
+
+        """
+        key = (service, kind or failure_kind(reason))
         with self._lock:
             self._counts[key] += 1
             first = not self._stepped and key not in self._said

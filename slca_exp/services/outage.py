@@ -94,6 +94,8 @@ class ServiceWatch:
     tag: Callable[[str, str], None] | None = None
     steps: dict[str, list[int]] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        FAILURES.drain()  # from now on this run's steps say its failures; none from before
     def observe(self, metrics: Mapping[str, float], step: int) -> None:
         """Check one RL step's metrics; warn, tag and (under ``stop``) raise on an outage.
 
@@ -101,18 +103,22 @@ class ServiceWatch:
             ServiceOutage: a service failed every request of this step and the policy is stop.
 
         """
-        for line in step_lines(FAILURES.drain(), step):
-            print(line, file=sys.stderr, flush=True)
+        counts = FAILURES.drain()
         down = outages(metrics)
+        quiet = {key: n for key, n in counts.items() if key[0] not in down}
+        for line in step_lines(quiet, step):  # an outage's line below says its kinds
+            print(line, file=sys.stderr, flush=True)
         for service in down:
             self.steps.setdefault(service, []).append(step)
             asked = int(metrics[requests_key(service)])
             what = _AFTERMATH.get(self.policy, "the run stops") if service == "judge" else (
                 "the policy read 'tool unavailable' for every call"
             )  # fmt: skip
+            kinds = "; ".join(f"{kind} ({n})" for (s, kind), n in counts.items() if s == service)
             print(
                 f"slca-exp: WARNING: every {service} request of RL step {step} failed "
-                f"({asked} of {asked}): {what}. {_POLICY_HELP} ({service}.base_url).",
+                f"({asked} of {asked}): {what}. {_POLICY_HELP} ({service}.base_url)."
+                + (f" How they failed: {kinds}." if kinds else ""),
                 file=sys.stderr,
                 flush=True,
             )

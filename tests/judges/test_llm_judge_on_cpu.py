@@ -213,3 +213,19 @@ def test_adversarial_rollouts_never_raise(server, tmp_path):
     with build_judge(config(server, tmp_path)) as judge:
         results = judge.score(batch)
     assert [r.status for r in results] == ["ok"] * 4
+
+
+def test_replies_without_a_rating_are_one_line_per_step_not_one_per_reply(server, tmp_path, capsys):
+    """A served model that does not follow the prompt (a tiny one): failed judgments, said once."""
+    from slca_exp.judges.llm import UNPARSEABLE
+    from slca_exp.services.outage import ServiceWatch
+
+    watch = ServiceWatch()
+    server.configure(content="I like turtles.")
+    with build_judge(config(server, tmp_path)) as judge:
+        results = judge.score(requests(FAITHFUL, "It is 21 degrees.", "Rainy in Paris now."))
+    assert [r.status for r in results] == ["failed"] * 3
+    assert all(r.reason.startswith("unparseable rating: ") for r in results)
+    watch.observe({"judge/requests": 4.0, "judge/failures": 3.0}, step=2)
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line == f"slca-exp: judge: 3 requests failed in RL step 2: {UNPARSEABLE}"

@@ -89,12 +89,12 @@ def served(tmp_path_factory):
 
 
 def test_serve_up_starts_vllms_cpu_build_and_records_what_it_serves(served):
-    import importlib.metadata
+    import vllm
 
     record = served.record()
     out = served.up.stdout + served.up.stderr
     assert f"slca-exp: service {NAME} answers at {record.base_url}" in out
-    assert record.server_version == importlib.metadata.version("vllm")  # vLLM's GET /version
+    assert record.server_version == vllm.__version__  # what vLLM's GET /version says
     assert (record.served_model_name, record.max_model_len) == (MODEL, LENGTH)
     assert Path(record.command[0]).name == "vllm" and record.command[1] == "serve"
     assert Path(record.command[2], "config.json").is_file()  # the built-in backbone, built
@@ -115,8 +115,10 @@ def test_a_judge_budget_the_server_cannot_take_is_refused_naming_the_key_and_its
     )
     res = served.cli("validate", *judge, "judge.max_tokens=8192")
     assert res.returncode == 2, res.stdout + res.stderr
-    (line,) = [x for x in res.stderr.splitlines() if x.startswith("judge.max_tokens")]
+    (line,) = [x for x in res.stderr.splitlines() if x.strip().startswith("judge.max_tokens")]
     assert "8192" in line and f"max_model_len {LENGTH}" in line and record.base_url in line
+    # the prompt's floor, counted by the served model's own tokenizer (vLLM's POST /tokenize)
+    assert "the judge's prompt is " in line and " tokens before any rollout text" in line
     res = served.cli("validate", *judge, "judge.max_tokens=64")
     assert res.returncode == 0, res.stdout + res.stderr
 

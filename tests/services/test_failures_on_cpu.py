@@ -3,7 +3,7 @@
 import logging
 
 from slca_exp.services import ChatClient, ChatRequest
-from slca_exp.services.failures import FAILURES, FailureDigest, failure_kind, step_lines
+from slca_exp.services.failures import FailureDigest, failure_kind, step_lines
 from slca_exp.services.outage import ServiceWatch
 
 REFUSAL = "refused by the loopback server"
@@ -16,22 +16,27 @@ def ask(text: str) -> ChatRequest:
 def test_a_step_of_refused_requests_is_one_line_with_its_count(server, capsys, caplog):
     """16 requests refused alike (HTTP 400, as vLLM refuses a budget): one line, after the step."""
     caplog.set_level(logging.WARNING, logger="slca_exp.services")
-    FAILURES.drain()  # this process's steps are watched (as the local engine's are)
-    server.configure(status=400, content=REFUSAL)
+    watch = ServiceWatch()  # this process's steps are watched (as the local engine's are)
+    server.configure(status=400)
     with ChatClient(
         base_url=server.base_url, model="m", timeout_s=5, max_retries=2, config_key="judge"
     ) as client:
         answers = client.complete_many([ask(f"rollout {i}") for i in range(16)])
-    assert [a.ok for a in answers] == [False] * 16
-    assert caplog.records == []  # nothing said per request
-    ServiceWatch().observe({"judge/requests": 16.0, "judge/failures": 16.0}, step=3)
-    err = capsys.readouterr().err.splitlines()
-    said = [line for line in err if "requests failed in RL step 3" in line]
-    assert len(said) == 1, err
-    assert said[0].startswith("slca-exp: judge: 16 requests failed in RL step 3: HTTP 400")
-    assert REFUSAL in said[0]
-    ServiceWatch().observe({"judge/requests": 0.0}, step=4)  # nothing failed: nothing said
-    assert "RL step 4" not in capsys.readouterr().err
+        assert [a.ok for a in answers] == [False] * 16
+        assert caplog.records == []  # nothing said per request
+        watch.observe({"judge/requests": 20.0, "judge/failures": 16.0}, step=3)
+        (said,) = capsys.readouterr().err.splitlines()
+        assert said.startswith("slca-exp: judge: 16 requests failed in RL step 3: HTTP 400")
+        assert REFUSAL in said
+        watch.observe({"judge/requests": 0.0}, step=4)  # nothing failed: nothing said
+        assert capsys.readouterr().err == ""
+        # a step in which every request failed: the outage's warning says how, once
+        client.complete_many([ask(f"again {i}") for i in range(4)])
+        watch.observe({"judge/requests": 4.0, "judge/failures": 4.0}, step=5)
+    (said,) = capsys.readouterr().err.splitlines()
+    assert said.startswith("slca-exp: WARNING: every judge request of RL step 5 failed (4 of 4)")
+    assert said.endswith(" (4).") and "How they failed: HTTP 400: " in said and REFUSAL in said
+    assert said.count("How they failed") == 1
 
 
 def test_without_a_step_watcher_each_kind_is_said_once_in_the_process(caplog):

@@ -162,42 +162,50 @@ def _extra_arg(option: VllmOption) -> st.SearchStrategy[list[str]]:
     return st.tuples(flag, _value(option)).map(list)
 
 
-_FREE = [
-    o
-    for o in RECORDED.options
-    if o.dest not in FIELD_OPTIONS
-    and o.action in ("store", "store_true", "boolean_optional", "append")
-    and o.type not in ("config_json", "other")
-    and o.dest != "config"  # it reads a file
-]
-"""The options `extra_args` may give, and whose values the record says how to check."""
+def free_options(options: ServeOptions) -> list[VllmOption]:
+    """The options `extra_args` may give, and whose values the record says how to check."""
+    return [
+        o
+        for o in options.options
+        if o.dest not in FIELD_OPTIONS
+        and o.action in ("store", "store_true", "boolean_optional", "append")
+        and o.type not in ("config_json", "other")
+        and o.dest != "config"  # it reads a file
+    ]
 
-definitions = st.builds(
-    ServiceDefinition,
-    name=st.from_regex(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,15}", fullmatch=True),
-    model=st.one_of(
-        st.from_regex(r"[A-Za-z0-9][\w.-]{0,15}/[A-Za-z0-9][\w.-]{0,15}", fullmatch=True),
-        st.from_regex(r"/[\w./-]{1,30}", fullmatch=True),
-    ),
-    revision=st.one_of(
-        st.none(), st.just("main"), st.from_regex(r"[0-9a-f]{7,40}", fullmatch=True)
-    ),
-    served_model_name=st.one_of(st.none(), _TEXT),
-    tensor_parallel_size=st.integers(1, 64),
-    pipeline_parallel_size=st.integers(1, 16),
-    max_model_len=st.one_of(st.none(), st.integers(1, 1 << 24)),
-    dtype=st.sampled_from(["auto", "bfloat16", "float16", "float32"]),
-    quantization=st.one_of(st.none(), st.sampled_from(["fp8", "mxfp4", "awq", "gptq"])),
-    gpu_memory_utilization=st.one_of(
-        st.none(), st.floats(0, 1, exclude_min=True, allow_subnormal=False)
-    ),
-    extra_args=st.lists(st.sampled_from(_FREE).flatmap(_extra_arg), max_size=4).map(
-        lambda uses: [arg for use in uses for arg in use]
-    ),
-    host=st.sampled_from(["0.0.0.0", "127.0.0.1", "node7", "::"]),
-    port=st.integers(0, 65535),
-    api_key_env=st.sampled_from([None, "JUDGE_API_KEY"]),
-)
+
+def definitions_for(options: ServeOptions, device: str) -> st.SearchStrategy[ServiceDefinition]:
+    """Random definitions of a service on ``device``, their extra args from ``options``."""
+    return st.builds(
+        ServiceDefinition,
+        name=st.from_regex(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,15}", fullmatch=True),
+        model=st.one_of(
+            st.from_regex(r"[A-Za-z0-9][\w.-]{0,15}/[A-Za-z0-9][\w.-]{0,15}", fullmatch=True),
+            st.from_regex(r"/[\w./-]{1,30}", fullmatch=True),
+        ),
+        revision=st.one_of(
+            st.none(), st.just("main"), st.from_regex(r"[0-9a-f]{7,40}", fullmatch=True)
+        ),
+        served_model_name=st.one_of(st.none(), _TEXT),
+        tensor_parallel_size=st.integers(1, 64),
+        pipeline_parallel_size=st.integers(1, 16),
+        max_model_len=st.one_of(st.none(), st.integers(1, 1 << 24)),
+        dtype=st.sampled_from(["auto", "bfloat16", "float16", "float32"]),
+        quantization=st.one_of(st.none(), st.sampled_from(["fp8", "mxfp4", "awq", "gptq"])),
+        gpu_memory_utilization=st.one_of(
+            st.none(), st.floats(0, 1, exclude_min=True, allow_subnormal=False)
+        ),
+        extra_args=st.lists(
+            st.sampled_from(free_options(options)).flatmap(_extra_arg), max_size=4
+        ).map(lambda uses: [arg for use in uses for arg in use]),
+        host=st.sampled_from(["0.0.0.0", "127.0.0.1", "node7", "::"]),
+        port=st.integers(0, 65535),
+        api_key_env=st.sampled_from([None, "JUDGE_API_KEY"]),
+        device=st.just(device),
+    )
+
+
+definitions = definitions_for(RECORDED, "cuda")
 
 
 @settings(max_examples=60, deadline=None)
@@ -366,7 +374,15 @@ def test_the_record_is_the_installed_vllms_parser_and_it_takes_the_shipped_lines
     assert disagree == [], disagree
 
 
+def installed_device() -> str:
+    """The device of the vLLM build installed here (``cuda`` when none is)."""
+    try:
+        return "cpu" if "+cpu" in importlib.metadata.version("vllm") else "cuda"
+    except importlib.metadata.PackageNotFoundError:
+        return "cuda"
+
+
 @settings(max_examples=60, deadline=None)
-@given(definition=definitions)
-def test_vllms_own_parser_takes_every_line_a_definition_builds(definition):
+@given(definition=definitions_for(recorded(installed_device()), installed_device()))
+def test_vllms_own_parser_takes_every_line_a_definition_of_its_build_builds(definition):
     assert vllm_takes(vllm_command(definition, definition.host, definition.port))
