@@ -1,12 +1,15 @@
-"""verl on CPU against the local engine: an RL step's time by phase, and the start-up.
+"""verl on CPU, with each of its rollouts, against the local engine: an RL step by phase.
 
 One recipe, ``experiment=verl_smoke``'s sizes (tiny backbone, synthetic split, ``slca_grpo``,
 group 4, 2 prompts per step, at most 3 assistant turns and 256 response tokens, temperature
-0.8, a KL loss of 0.001, one update per step), run through both engines as a user runs them
-(``slca-exp train``, one process each). Both start from the same checkpoint, the tiny backbone
-fine-tuned here on the gold trajectories (the local engine's SFT, ``--sft-steps`` x
-``--sft-batch``), so the policy writes tool calls and some rollouts are multi-turn; both runs
-have their own SFT stage off. Each run's per-step phase times are read back from its MLflow run:
+0.8, a KL loss of 0.001, one update per step), run as a user runs it (``slca-exp train``, one
+process each): through verl with verl's vLLM rollout on vLLM's CPU build
+(``engine.verl.cpu_rollout=vllm``), through verl with the transformers rollout (``hf``), and
+through the local engine (``--rollouts`` picks verl's). All start from the same checkpoint,
+the tiny backbone fine-tuned here on the gold trajectories (the local engine's SFT,
+``--sft-steps`` x ``--sft-batch``), so the policy writes tool calls and some rollouts are
+multi-turn; every run has its own SFT stage off. Each run's per-step phase times are read
+back from its MLflow run:
 
     phase          engine=verl (backend=cpu)           engine=local
     generation     timing_s/gen: the agent loops,      perf/time/generate + simulate + reward
@@ -44,7 +47,7 @@ core, the local engine torch's default) the two runs, minutes apart, are not com
 shared host. The host's load is printed for each run.
 
     python benchmarks/verl_cpu.py [--steps 5] [--sft-steps 80 --sft-batch 8 --sft-lr 5e-3]
-        [--verl-poll 0.1] [--val-rows 4] [--threads 1] [--root DIR]
+        [--verl-poll 0.1] [--val-rows 4] [--threads 1] [--rollouts vllm,hf] [--root DIR]
 """
 
 from __future__ import annotations
@@ -117,7 +120,7 @@ def build_policy(root: Path, sft: Any) -> tuple[Path, Any, float]:  # noqa: ANN4
 
 
 def common_overrides(root: Path, policy: Path, name: str) -> list[str]:
-    """What both runs share: the checkpoint, no SFT stage, the store, no end-of-run plots."""
+    """What every run shares: the checkpoint, no SFT stage, the store, no end-of-run plots."""
     return [
         "backbone.source=local",
         "backbone.name=tiny-sft",
@@ -369,7 +372,7 @@ def report(arms: Sequence[tuple[str, str, RunTimes]], steps: int, rollouts: int)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Build the shared checkpoint, run both engines, print the comparison."""
+    """Build the shared checkpoint, run every arm, print the comparison."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=5, help="RL steps of each run")
     parser.add_argument("--sft-steps", type=int, default=80, help="SFT of the shared checkpoint")
@@ -408,7 +411,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         rollouts = v.train_batch_size * group
         print(
             f"recipe: experiment=verl_smoke's sizes: tiny backbone after {sft.steps} SFT steps "
-            f"x {sft.batch_size} (lr {sft.lr:g}; {took:.0f} s, shared by both runs),\n"
+            f"x {sft.batch_size} (lr {sft.lr:g}; {took:.0f} s, shared by every run),\n"
             f"  synthetic split ({cfg.data.rows} rows), {cfg.algorithm.name}, "
             f"{v.train_batch_size} prompts x group {group} = {rollouts} rollouts per step, "
             f"<= {v.max_assistant_turns} assistant turns,\n  <= {v.max_response_length} "
