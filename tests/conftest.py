@@ -26,6 +26,23 @@ T = TypeVar("T")
 for _variable in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_variable, "1")
 
+@pytest.fixture(autouse=True)
+def _root_logging_restored():
+    """The root logger's level and its handlers' levels as they were before the test.
+
+    Importing vLLM's server (verl's vLLM rollout, vLLM's CLI parser) runs a dependency that sets
+    them to ERROR; a test that imports it must not silence the logs of the tests after it.
+    """
+    import logging
+
+    root = logging.getLogger()
+    level, handlers = root.level, [(h, h.level) for h in root.handlers]
+    yield
+    root.setLevel(level)
+    for handler, was in handlers:
+        handler.setLevel(was)
+
+
 collect_ignore_glob = ["**/*_plugin.py"]
 """Plugin modules register their entries when imported: only the processes that name them in
 ``$SLCA_EXP_PLUGINS`` import them, never the doctest collection of the test process (whose

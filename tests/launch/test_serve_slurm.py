@@ -41,6 +41,7 @@ MODEL = "loopback-judge"
 SERVE_SMALL = ["launcher=slurm_cpu", "launcher.partition=null"]
 JUDGED = [  # every rollout is judged (no short-circuit), by the served judge, with the key
     f"judge.service={NAME}",  # the default judge: the run takes judge=served, the model it serves
+    "judge.max_tokens=1024",  # within the max_model_len the service reports (4096)
     "judge.short_circuit_no_tool_response=false",
     "judge.min_reply_chars=0",
     "judge.cache=false",

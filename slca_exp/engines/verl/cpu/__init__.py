@@ -45,6 +45,10 @@ VLLM_ENV: dict[str, str] = {
     # vLLM's CPU build takes its KV cache from host memory, 4 GiB unless told; a tiny model's
     # rollouts need a fraction of one
     "VLLM_CPU_KVCACHE_SPACE": "1",
+    # vLLM's server imports model_hosting_container_standards, which sets the root logger (and
+    # its handlers) to this level at import, ERROR unless told: every process that imports
+    # verl's vLLM server would otherwise drop the warnings of every other library, ours too
+    "SAGEMAKER_CONTAINER_LOG_LEVEL": "WARNING",
 }
 """Variables verl's processes get with the ``vllm`` rollout on the ``cpu`` backend."""
 
