@@ -17,16 +17,14 @@ start); the tests, in order:
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 import urllib.request
 from pathlib import Path
 
 import pytest
 from mlflow.tracking import MlflowClient
 
-from slca_exp.services.served import ServiceRegistry
+from tests.launch import test_serve_slurm as loopback_served
 from tests.launch.test_slurm import TINY_LOCAL
 from tests.launch.test_verl_slurm_on_cpu import _job_processes
 from tests.skip_policy import require
@@ -34,8 +32,6 @@ from tests.skip_policy import require
 require("vllm", reason="needs vLLM's CPU build (make install)")
 pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.usefixtures("slurm")]
 
-REPO = Path(__file__).resolve().parents[2]
-EXE = str(Path(sys.executable).parent / "slca-exp")
 NAME, MODEL, LENGTH = "tiny_vllm_judge", "tiny-judge", 1024
 UP = ["service=tiny_vllm_judge", "launcher.partition=null"]
 JUDGED = [  # every rollout goes to the judge; a failed judgment is absent, never a score
@@ -49,29 +45,8 @@ JUDGED = [  # every rollout goes to the judge; a failed judgment is absent, neve
 ]
 
 
-class Served:
-    """The module's registry, and the commands run against it."""
-
-    def __init__(self, folder: Path) -> None:
-        self.folder = folder
-        self.registry = ServiceRegistry(folder / "registry")
-        self.env = {
-            **os.environ,
-            "PYTHONPATH": str(REPO),
-            "SLCA_EXP_SERVICES": str(self.registry.folder),
-        }
-        self.env.pop("MLFLOW_TRACKING_URI", None)
-        self.up: subprocess.CompletedProcess | None = None
-
-    def cli(self, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-        return subprocess.run(
-            [EXE, *args],
-            cwd=self.folder,
-            env=self.env,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-        )
+class Served(loopback_served.Served):
+    """The loopback module's registry and commands, for the vLLM service."""
 
     def record(self):
         return self.registry.record(NAME)
@@ -80,9 +55,9 @@ class Served:
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     served = Served(tmp_path_factory.mktemp("served-vllm"))
-    served.up = served.cli("serve", "up", *UP, timeout=1200)
+    served.started = served.cli("serve", "up", *UP, timeout=1200)
     try:
-        assert served.up.returncode == 0, served.up.stdout + served.up.stderr
+        assert served.started.returncode == 0, served.started.stdout + served.started.stderr
         yield served
     finally:
         served.cli("serve", "down", "--all")
@@ -92,7 +67,7 @@ def test_serve_up_starts_vllms_cpu_build_and_records_what_it_serves(served):
     import vllm
 
     record = served.record()
-    out = served.up.stdout + served.up.stderr
+    out = served.started.stdout + served.started.stderr
     assert f"slca-exp: service {NAME} answers at {record.base_url}" in out
     assert record.server_version == vllm.__version__  # what vLLM's GET /version says
     assert (record.served_model_name, record.max_model_len) == (MODEL, LENGTH)

@@ -39,7 +39,8 @@ class CPUWorkerExtension(vLLMColocateWorkerExtension):
             use_shm: verl's choice of shared memory over CUDA IPC (always, on a CPU).
 
         Raises:
-            NotImplementedError: a LoRA or quantized rollout reached the ``cpu`` backend.
+            ValueError: a LoRA or quantized rollout reached the ``cpu`` backend, which syncs
+                full float32 weights only (verl loads those two on paths of their own).
 
         """
         import torch
@@ -53,7 +54,7 @@ class CPUWorkerExtension(vLLMColocateWorkerExtension):
         )
 
         if peft_config or is_quantized_model(self.model_runner.vllm_config):
-            raise NotImplementedError(
+            raise ValueError(
                 "the cpu backend's vLLM rollout syncs full unquantized weights only; LoRA and "
                 "quantized rollouts need engine.verl.backend=cuda"
             )
