@@ -191,6 +191,13 @@ def test_the_worker_extension_verl_hands_vllm_is_verls_own_with_the_cpu_weight_s
     assert "update_weights_from_ipc" in vars(extension)  # the one method it replaces
 
 
+def test_the_head_sizes_the_check_knows_are_the_installed_vllms():
+    require("vllm", reason="needs vLLM's CPU build (make install)")
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+    assert tuple(CPUAttentionBackend.get_supported_head_sizes()) == cpu.VLLM_HEAD_SIZES
+
+
 def test_the_transformers_rollout_is_one_key_away():
     cfg = verl_config(
         _run_config("engine.verl.cpu_rollout=hf", "backbone.source=local", "backbone.path=/ckpt")

