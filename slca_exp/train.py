@@ -51,7 +51,13 @@ def prepare(cfg: DictConfig) -> tuple[RunConfig, Any, Recipe]:
         RegistryError: no engine of that name is installed.
 
     """
-    return check_run(cfg, ENGINES)  # validate's checks, generating what the run needs
+    from slca_exp.evaluation.options import after_train
+
+    prepared = check_run(cfg, ENGINES)  # validate's checks, generating what the run needs
+    problems = after_train(prepared[0])[2]  # eval.after_train: its benchmark and serving
+    if problems:
+        raise ConfigError(problems)
+    return prepared
 
 
 def run(cfg: DictConfig) -> object:
@@ -111,6 +117,12 @@ def _run_prepared(
             result = engine.run(config, recipe, tracker)
     finally:  # every run ends saying where its results are, a failed or killed one too
         _where_to_look(config, tracker, engine)
+    if config.eval.after_train:  # _run_prepared runs on rank 0 only
+        from slca_exp.evaluation.jobs import after_train
+        from slca_exp.tracking.uris import resolve_tracking_uri
+
+        run_id = tracker.run_ids().get("mlflow")
+        print(f"slca-exp: {after_train(config, resolve_tracking_uri(cfg), run_id)}", flush=True)
     return result
 
 

@@ -103,6 +103,7 @@ COMMAND_MODULES = {  # the commands whose help argparse writes: their sub-comman
     "ui": "slca_exp.commands.ui",
     "data": "slca_exp.commands.data",
     "serve": "slca_exp.commands.serve",
+    "eval": "slca_exp.commands.eval",
 }
 MARKUP = re.compile(
     r"``[^`]*``"  # an RST literal

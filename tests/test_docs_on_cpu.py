@@ -21,6 +21,8 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from slca_exp.core import names
+from slca_exp.evaluation.benchmark import DEFAULT as DEFAULT_BENCHMARK
+from slca_exp.evaluation.settings import DEFAULT as DEFAULT_EVAL
 from slca_exp.launch.profiles import DEFAULT as DEFAULT_LAUNCHER
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -92,7 +94,7 @@ def conf_groups() -> dict[str, set[str]]:
 
 
 def conf_defaults() -> dict[str, str]:
-    """The option each group starts from: config.yaml's defaults list, and the CLI's launcher.
+    """The option each group starts from: config.yaml's defaults list, and the CLI's groups'.
 
     A group listed with ``null`` (``ablation``) starts from none.
     """
@@ -104,7 +106,13 @@ def conf_defaults() -> dict[str, str]:
         for k, v in entry.items()
         if v is not None
     }
-    return {**chosen, "launcher": DEFAULT_LAUNCHER}
+    # the CLI's own groups start from the CLI's defaults
+    return {
+        **chosen,
+        "launcher": DEFAULT_LAUNCHER,
+        "benchmark": DEFAULT_BENCHMARK,
+        "eval": DEFAULT_EVAL,
+    }
 
 
 def documented_groups() -> dict[str, tuple[set[str], list[str]]]:

@@ -29,14 +29,21 @@ NAME_HELPERS = {
     "val_success": [(k,) for k in names.SUCCESS_THRESHOLDS],
     "val_tool_success": [(k,) for k in names.SUCCESS_THRESHOLDS],
     "val": [(m,) for m in names.METRICS],
+    "eval_metric": [
+        ("<benchmark>", "<category>"),
+        ("<benchmark>", names.EVAL_OVERALL),
+        ("bfcl", "simple_python"),
+        ("bfcl", names.EVAL_OVERALL),
+    ],
 }
 TAG_HELPERS = {
     "swept_tag": [("algorithm",), ("reward.tool_weights.parallel",)],
     "job_record": [(0,), (12,)],
     "outage_tag": [("judge",), ("simulator",)],
+    "eval_tag": [("bfcl", "version"), ("bfcl", "key")],
 }
 """Each helper that builds a name, with the arguments it is expanded over."""
-NOT_NAMES = {"known", "glossary_markdown", "is_job_record", "short"}
+NOT_NAMES = {"known", "glossary_markdown", "is_job_record", "short", "is_eval_metric"}
 """Helpers of the two modules that answer questions about names rather than build one."""
 
 

@@ -11,6 +11,8 @@ The page is written from the store alone, so that no number in it is typed by ha
   :func:`slca_exp.analysis.differences.effects` with their verdicts and, where nothing
   separates, the seeds the measured variance would need;
 - the gradient conflict (``train/grad_cos``, mean over steps) per group, when logged;
+- the benchmark scores (``eval/<benchmark>/<category>``, ``slca-exp eval``) per group, when
+  the runs were scored, with each benchmark's version and sample;
 - the plots, copied into ``<OUT stem>_files/`` beside the page.
 """
 
@@ -125,6 +127,7 @@ def write_report(
             "",
             markdown_table(["group", "runs", "mean cos", f"{CONFIDENCE:.0%} CI"], cos),
         ]
+    lines += _benchmark_section(observe, runs, groups)
     if plots:
         lines += ["", "## Plots", ""]
         for plot in plots:
@@ -219,6 +222,51 @@ def _reading(found: Sequence[Effect]) -> list[str]:
                 )
         out.append(f"- `{e.metric}`, {e.label}{where}: {text}.")
     return out
+
+
+def _benchmark_section(
+    observe: Observations,
+    runs: Sequence[Any],
+    groups: Mapping[str, Sequence[Any]],
+) -> list[str]:
+    """The runs' benchmark scores (``slca-exp eval``), per group: mean and interval over runs."""
+    from slca_exp.tracking.sweep_runs import markdown_table
+
+    found = sorted({k for r in runs for k in r.data.metrics if names.is_eval_metric(k)})
+    if not found:
+        return []
+    lines = [
+        "",
+        "## Benchmark scores",
+        "",
+        "Each run's final checkpoint scored by `slca-exp eval` (the benchmark's own checker); "
+        f"mean over the group's runs and its {CONFIDENCE:.0%} interval.",
+        "",
+    ]
+    for benchmark in sorted({k.split("/")[1] for k in found}):
+        scored = [r for r in runs if tags.eval_tag(benchmark, "version") in r.data.tags]
+        sources = sorted(
+            {
+                " ".join(
+                    f"{field} `{r.data.tags.get(tags.eval_tag(benchmark, field), '-')}`"
+                    for field in ("version", "per_category", "seed")
+                )
+                for r in scored
+            }
+        )
+        counted = f"{len(scored)} of {len(runs)} runs scored"
+        lines.append(f"- {benchmark}: {counted}; {'; '.join(sources)}")
+    rows = []
+    for metric in found:
+        for label, members in groups.items():
+            values = [v for v in (observe(r, metric) for r in members) if v is not None]
+            if not values:
+                continue
+            mean, low, high = mean_interval(values)
+            interval = "-" if math.isnan(low) else f"[{low:.3f}, {high:.3f}]"
+            rows.append([metric, label, str(len(values)), f"{mean:.3f}", interval])
+    header = ["metric", "group", "runs", "mean", f"{CONFIDENCE:.0%} CI"]
+    return [*lines, "", markdown_table(header, rows)]
 
 
 def _grad_cos(observe: Observations, groups: Mapping[str, Sequence[Any]]) -> list[list[str]]:

@@ -12,6 +12,8 @@
                 store, each experiment in its own view (training runs: Model training)
     slca-exp serve up service=NAME [launcher=PROFILE] | status | down NAME  the frozen judge and
                    simulator as SLURM jobs, recorded in the service registry
+    slca-exp eval RUN_OR_SWEEP [benchmark=NAME] [eval=NAME] [--dry-run]  score checkpoints on a
+                  benchmark (BFCL) served by vLLM; the scores go into the runs that trained them
     slca-exp data synth --out DIR [--rows N] [--seed S]  write the seeded synthetic split
 
 Each command answers --help, and is a module of this package (:data:`COMMANDS`); ``train``
@@ -28,7 +30,7 @@ from slca_exp.core.problems import EXIT_BAD_CONFIG
 
 USAGE = __doc__.split("\n\n")[1]
 
-COMMANDS = ("train", "validate", "compare", "rollouts", "ui", "serve", "data")
+COMMANDS = ("train", "validate", "compare", "rollouts", "ui", "serve", "eval", "data")
 """Each is a module of this package whose ``main(argv) -> int`` runs it."""
 
 

@@ -18,6 +18,10 @@ cell of the other swept factors: n, the mean difference, its 95% interval and p-
 over the seeds both levels share, else Welch) and a verdict (``slca_exp/analysis/differences.py``);
 for every numeric factor, a dose-response plot. ``--report OUT.md`` writes all of it, with the
 sweep's design, as one markdown page (``slca_exp/analysis/report.py``).
+
+Benchmark scores (``eval/<benchmark>/<category>``, written into the runs by ``slca-exp eval``)
+are metrics like any other: without ``--metric`` every one the runs hold is tabulated and
+differenced, and the report gives them a section of their own.
 """
 
 from __future__ import annotations
@@ -45,7 +49,7 @@ from slca_exp.analysis.runs import (
     swept_value,
 )
 from slca_exp.analysis.tables import format_table, plural, table
-from slca_exp.core.names import METRICS, known
+from slca_exp.core.names import METRICS, is_eval_metric, known
 from slca_exp.core.problems import EXIT_BAD_CONFIG
 from slca_exp.tracking import sweep_runs
 from slca_exp.tracking.mlflow import mlflow_key
@@ -90,7 +94,8 @@ def main(argv: Sequence[str]) -> int:
         )
         return EXIT_BAD_CONFIG
     metrics = args.metric or [
-        m for m in (*HEADLINE_METRICS, *MEAN_OVER_STEPS) if _any_has(selection, m)
+        *(m for m in (*HEADLINE_METRICS, *MEAN_OVER_STEPS) if _any_has(selection, m)),
+        *_eval_metrics(selection),
     ]
     for metric in metrics:
         if _any_has(selection, metric):
@@ -204,6 +209,11 @@ def _parser() -> argparse.ArgumentParser:
         "(0.6 is its default); default 0: the logged values",
     )
     return parser
+
+
+def _eval_metrics(selection: Selection) -> list[str]:
+    """The benchmark scores (``slca-exp eval``) any of the runs holds, by name."""
+    return sorted({k for r in selection.runs for k in r.data.metrics if is_eval_metric(k)})
 
 
 def _any_has(selection: Selection, metric: str) -> bool:

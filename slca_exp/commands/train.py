@@ -26,6 +26,7 @@ from slca_exp.launch.command import (
 from slca_exp.plugins import load_plugins
 
 if TYPE_CHECKING:
+    from slca_exp.config.schema import RunConfig
     from slca_exp.tracking.redact import Redactor
 
 HELP = """\
@@ -111,8 +112,8 @@ def main(argv: Sequence[str]) -> int:
         return 0
     # Every job, before Hydra creates an output folder or a tracker opens a run.
     checked = check_jobs(command, probe=dry_run and not offline)
-    if checked.problems:
-        return refuse(checked.problems)
+    if checked.problems or (problems := _after_train_problems(checked.typed)):
+        return refuse(checked.problems or problems)
     if dry_run:
         from slca_exp.launch.dry_run import describe
 
@@ -126,6 +127,16 @@ def main(argv: Sequence[str]) -> int:
     with _study_named(command.study):
         train.main()
     return 0
+
+
+def _after_train_problems(configs: Sequence[RunConfig]) -> list[Problem]:
+    """``eval.after_train``'s benchmark and serving, checked for every job (each problem once)."""
+    from slca_exp.evaluation.options import after_train
+
+    found: list[Problem] = []
+    for config in configs:
+        found += [p for p in after_train(config)[2] if p not in found]
+    return found
 
 
 def _groups() -> str:

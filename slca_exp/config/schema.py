@@ -349,6 +349,23 @@ class TrackingConfig:
 
 
 @dataclass
+class EvalConfig:
+    """The final checkpoint on a benchmark when training ends, in the same job (slca-exp eval)."""
+
+    after_train: bool = param(
+        False, "when the run finishes, score its final checkpoint as slca-exp eval does"
+    )
+    benchmark: str = param("bfcl_v3", "the benchmark option (benchmark/<name>.yaml)")
+    serving: str = param(
+        "gpu", "how the checkpoint is served, an eval option (eval/<name>.yaml): gpu | cpu"
+    )
+    overrides: list[str] = param(
+        default_factory=list,
+        help="benchmark.KEY=V and eval.KEY=V, as slca-exp eval takes them",
+    )
+
+
+@dataclass
 class RunConfig:
     """One run: the five recorded components, the algorithm, the engine and tracking."""
 
@@ -360,6 +377,9 @@ class RunConfig:
     algorithm: AlgorithmConfig = param(default_factory=AlgorithmConfig, help="estimator")
     engine: EngineConfig = param(default_factory=EngineConfig, help="execution engine")
     tracking: TrackingConfig = param(default_factory=TrackingConfig, help="trackers")
+    eval: EvalConfig = param(
+        default_factory=EvalConfig, help="the final checkpoint on a benchmark (after_train)"
+    )
     experiment_name: str = param("slca-exp", "experiment name (MLflow experiment, W&B project)")
     run_name: str | None = param(None, "run name; default: derived from the overrides")
     seed: int = param(42, "seed for model init and sampling")

@@ -109,6 +109,31 @@ def tokens_mean(segment: Segment) -> str:
     return f"segment/{segment}/tokens/mean"
 
 
+EVAL_PREFIX: Final = "eval/"
+"""``eval/<benchmark>/<category>``: a checkpoint's benchmark scores (:func:`eval_metric`)."""
+EVAL_OVERALL: Final = "overall"
+"""The category name of a benchmark's overall score."""
+
+
+def eval_metric(benchmark: str, category: str) -> str:
+    """``eval/{benchmark}/{category}``: a benchmark's score of the run's checkpoint.
+
+    >>> eval_metric("bfcl", "simple_python")
+    'eval/bfcl/simple_python'
+    """
+    return f"{EVAL_PREFIX}{benchmark}/{category}"
+
+
+def is_eval_metric(name: str) -> bool:
+    """Whether ``name`` is an :func:`eval_metric` (``eval/<benchmark>/<category>``).
+
+    >>> is_eval_metric("eval/bfcl/overall"), is_eval_metric("eval/bfcl")
+    (True, False)
+    """
+    parts = name.split("/")
+    return name.startswith(EVAL_PREFIX) and len(parts) == 3 and all(parts)
+
+
 def perf_time(phase: str) -> str:
     """``perf/time/{phase}``: seconds a step spent in one phase."""
     _check(phase, PHASES, "phase")
@@ -230,6 +255,13 @@ def _catalogue() -> dict[str, str]:
     }
     for phase in PHASES:
         m[perf_time(phase)] = f"seconds per step in {phase_doc[phase]}"
+    m[eval_metric("<benchmark>", "<category>")] = (
+        "slca-exp eval: the fraction of the category's scored items the benchmark's own checker "
+        "passes, at the checkpoint's training step, in the run that trained the checkpoint"
+    )
+    m[eval_metric("<benchmark>", EVAL_OVERALL)] = (
+        "slca-exp eval: the unweighted mean of the scored categories' accuracies"
+    )
     return m
 
 
@@ -253,6 +285,8 @@ def known(name: str) -> bool:
     >>> known("reward/tool/mean"), known("val/reward/tool/mean"), known("reward/tool")
     (True, True, False)
     """
+    if is_eval_metric(name):
+        return True
     return name in METRICS or (name.startswith(VAL_PREFIX) and name[len(VAL_PREFIX) :] in METRICS)
 
 

@@ -9,6 +9,7 @@
     the engines and trackers  -> STAGE, RESUMED, outage_tag(service), MLflow's own tags below
     lineage                   -> PROMPT_SHA256 on prompt versions; FINGERPRINT and MODEL_PATH
                                  on logged models; EXPERIMENT_KIND on experiments
+    slca-exp eval             -> eval_tag(benchmark, field) on the run that trained the checkpoint
     compare, comparability    <- read them back
 
 Code never spells a tag key as a literal: it uses the constants and helpers below, and a test
@@ -64,6 +65,9 @@ RESUMED: Final = "slca.resumed"
 OUTAGE_PREFIX: Final = "slca.outage."
 """Run tags ``slca.outage.<service>`` (:func:`outage_tag`)."""
 
+EVAL_PREFIX: Final = "slca.eval."
+"""Run tags ``slca.eval.<benchmark>.<field>`` (:func:`eval_tag`): what a benchmark scored."""
+
 PROMPT_SHA256: Final = "slca.sha256"
 MODEL_PATH: Final = "slca.path"
 
@@ -109,6 +113,15 @@ def outage_tag(service: str) -> str:
     return f"{OUTAGE_PREFIX}{service}"
 
 
+def eval_tag(benchmark: str, field: str) -> str:
+    """``slca.eval.{benchmark}.{field}``: what ``slca-exp eval`` scored the run's checkpoint on.
+
+    >>> eval_tag("bfcl", "version")
+    'slca.eval.bfcl.version'
+    """
+    return f"{EVAL_PREFIX}{benchmark}.{field}"
+
+
 def short(key: str) -> str:
     """The key without :data:`PREFIX`, as the console and W&B show it.
 
@@ -145,6 +158,8 @@ TAGS: Final[dict[str, str]] = {
     STAGE: f"'{SFT_STAGE}' on the verl engine's SFT run",
     RESUMED: "'true' on a run a requeued job resumed",
     f"{OUTAGE_PREFIX}<service>": "the RL steps in which every judge or simulator request failed",
+    f"{EVAL_PREFIX}<benchmark>.<field>": "slca-exp eval: the benchmark's version, the scored "
+    "checkpoint, categories and sample, and the key a re-run reuses the scores by",
     PROMPT_SHA256: "prompt versions: the sha256 of the text (one version per sha256)",
     MODEL_PATH: "logged models: where the files are on the machine that trained them",
     PARENT_RUN: "MLflow's parent run (the sweep's, or the recipe's run for the SFT stage)",

@@ -130,6 +130,36 @@ CPU_VLLM_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1"}
 of host memory (its default, 4 GiB, is more than a small node spares for a tiny model)."""
 
 
+@contextlib.contextmanager
+def local_server(
+    d: ServiceDefinition, log: Path | None = None
+) -> Iterator[tuple[str, Served, list[str]]]:
+    """Serve ``d`` from this process until the block ends (``slca-exp eval``'s checkpoint).
+
+    The server is the one a service's job runs (:func:`server_command`, vLLM's CPU settings for
+    ``device: cpu``), on a free port of ``d.host``; its output goes to ``log`` (else nowhere).
+    SIGTERM or SIGINT stop it, and it never outlives the block.
+
+    Yields:
+        ``(base_url, what the server says it serves, its command line)``.
+
+    Raises:
+        ServeError: the server ended, or did not answer with ``d``'s model in time.
+
+    """
+    port = d.port or free_port(d.host)
+    base_url = f"http://{advertised_host(d.host)}:{port}/v1"
+    command = server_command(d, d.host, port)
+    env = dict(os.environ)
+    if d.uses_vllm and d.device == "cpu":
+        env = {**CPU_VLLM_ENV, **env}
+    with contextlib.ExitStack() as stack:
+        out = stack.enter_context(open(log, "ab")) if log else subprocess.DEVNULL
+        server = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT)
+        stopped = stack.enter_context(_stopping(server))
+        yield base_url, wait_until_served(server, base_url, d, stopped), command
+
+
 def served_definition(d: ServiceDefinition, registry: Path) -> ServiceDefinition:
     """The definition as its server runs it: a built-in backbone built, its folder served.
 
