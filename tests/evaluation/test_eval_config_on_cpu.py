@@ -1,15 +1,22 @@
-"""``slca-exp eval``'s refusals: every problem named with its key before anything is served."""
+"""``slca-exp eval`` before anything is served: its refusals, each naming its key; the key its
+scores are kept by; the items a sample draws."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from slca_exp.commands import eval as eval_command
 from slca_exp.evaluation.benchmark import BFCL_CATEGORIES, Benchmark, benchmark_problems
+from slca_exp.evaluation.bfcl_driver import sample
+from slca_exp.evaluation.scoring import Checkpoint, eval_key
+from slca_exp.evaluation.settings import EvalSettings
 
 EXE = str(Path(sys.executable).parent / "slca-exp")
 
@@ -103,3 +110,88 @@ def test_the_shipped_preset_is_the_papers_bfcl_v3_categories():
         "multi_turn_miss_param",
     }
     assert set(preset.categories) == paper
+
+
+# --- what decides the scores, and which items are scored ----------------------------------------
+
+
+CHECKPOINT = Checkpoint("r" * 32, "run", "m-1", 3, "/ckpt")
+IDENTITY_CHANGES = {
+    "categories": lambda b, s: (replace(b, categories=[*b.categories, "irrelevance"]), s),
+    "per_category": lambda b, s: (replace(b, per_category=(b.per_category or 0) + 1), s),
+    "seed": lambda b, s: (replace(b, seed=b.seed + 1), s),
+    "temperature": lambda b, s: (replace(b, temperature=b.temperature + 0.5), s),
+    "max_tokens": lambda b, s: (replace(b, max_tokens=(b.max_tokens or 0) + 1), s),
+    "version": lambda b, s: (replace(b, version=b.version + ".post1"), s),
+    "device": lambda b, s: (b, replace(s, device="cpu" if s.device == "cuda" else "cuda")),
+    "dtype": lambda b, s: (b, replace(s, dtype="float32" if s.dtype != "float32" else "auto")),
+    "max_model_len": lambda b, s: (b, replace(s, max_model_len=(s.max_model_len or 0) + 1)),
+    "tool_call_parser": lambda b, s: (b, replace(s, tool_call_parser=s.tool_call_parser + "x")),
+    "extra_args": lambda b, s: (b, replace(s, extra_args=[*s.extra_args, "--seed=1"])),
+}
+VOLATILE_CHANGES = {
+    "threads": lambda b, s: (replace(b, threads=b.threads + 1), s),
+    "launcher": lambda b, s: (b, replace(s, launcher="slurm_cpu")),
+    "env_root": lambda b, s: (b, replace(s, env_root="/elsewhere")),
+    "rescore": lambda b, s: (b, replace(s, rescore=not s.rescore)),
+    "health_timeout_s": lambda b, s: (b, replace(s, health_timeout_s=s.health_timeout_s + 1)),
+    "resources": lambda b, s: (b, replace(s, resources={"mem_gb": 8})),
+}
+
+benchmarks_ = st.builds(
+    Benchmark,
+    name=st.just("bfcl"),
+    categories=st.lists(st.sampled_from(BFCL_CATEGORIES), min_size=1, max_size=4, unique=True),
+    per_category=st.none() | st.integers(1, 50),
+    seed=st.integers(0, 10**6),
+    temperature=st.floats(0, 2),
+    max_tokens=st.none() | st.integers(1, 4096),
+    threads=st.integers(1, 64),
+)
+settings_ = st.builds(
+    EvalSettings,
+    device=st.sampled_from(["cuda", "cpu"]),
+    dtype=st.sampled_from(["auto", "bfloat16", "float16", "float32"]),
+    max_model_len=st.none() | st.integers(1, 10**5),
+    extra_args=st.lists(st.sampled_from(["--enforce-eager", "--seed=0"]), max_size=2),
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(benchmarks_, settings_)
+def test_the_score_key_changes_with_what_decides_the_scores_and_only_with_that(b, s):
+    key = eval_key(b, CHECKPOINT, s)
+    for field, change in IDENTITY_CHANGES.items():
+        assert (
+            eval_key(
+                *_swap(change(b, s)),
+            )
+            != key
+        ), field
+    for field, change in VOLATILE_CHANGES.items():
+        assert eval_key(*_swap(change(b, s))) == key, field
+    other = replace(CHECKPOINT, model_id="m-2")
+    assert eval_key(b, other, s) != key
+    # the run's name and folder do not identify the checkpoint; its logged model does
+    assert eval_key(b, replace(CHECKPOINT, run_name="x", folder="/y"), s) == key
+
+
+def _swap(pair):
+    b, s = pair
+    return b, CHECKPOINT, s
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.integers(0, 10**4), min_size=0, max_size=60, unique=True),
+    st.none() | st.integers(1, 80),
+    st.integers(0, 10**6),
+    st.sampled_from(BFCL_CATEGORIES),
+)
+def test_the_sample_is_the_seeds_and_the_categorys_alone_in_bfcls_order(ids, n, seed, category):
+    ids = [f"{category}_{i}" for i in ids]
+    spec = {"per_category": n, "seed": seed}
+    chosen = sample(ids, spec, category)
+    assert chosen == sample(list(ids), dict(spec), category)  # the same call, the same items
+    assert len(chosen) == (len(ids) if n is None else min(n, len(ids)))
+    assert chosen == [i for i in ids if i in set(chosen)]  # a subset, in BFCL's order
