@@ -2,6 +2,7 @@
 
     slca-exp eval RUN_OR_SWEEP [benchmark=NAME] [benchmark.KEY=V ...] [eval=NAME] [eval.KEY=V ...]
                   [--dry-run] [--tracking-uri URI] [--out DIR] [--config-dir DIR]
+    slca-exp eval --prepare-env [benchmark=NAME] [eval.env_root=DIR]
 
 RUN_OR_SWEEP is a run id or name, a sweep id, a sweep's parent run id or an experiment name.
 benchmark= picks the benchmark (default bfcl_v3: BFCL's v3 categories, bfcl-eval 2026.3.23);
@@ -41,17 +42,48 @@ HELP = __doc__.split("\n\n", 2)[2]
 
 def main(argv: Sequence[str]) -> int:
     """``slca-exp eval ...``; returns the exit status."""
+    parser = _parser()
     try:
-        args, rest = _parser().parse_known_args(list(argv))
+        args, rest = parser.parse_known_args(list(argv))
+        # RUN_OR_SWEEP is the one argument that is not KEY=V, wherever it stands
+        given = [*([args.target] if args.target else []), *rest]
+        targets = [a for a in given if "=" not in a]
+        rest = [a for a in given if "=" in a]
+        if len(targets) > 1:
+            parser.error(f"one RUN_OR_SWEEP at a time (got {', '.join(targets)})")
+        args.target = targets[0] if targets else None
+        if args.target is None and not args.prepare_env:
+            parser.error("the following arguments are required: RUN_OR_SWEEP")
+        if args.target is not None and args.prepare_env:
+            parser.error("--prepare-env builds the environment only: give no RUN_OR_SWEEP")
     except SystemExit as exit_:  # argparse has printed the usage and the reason (or the help)
         return int(exit_.code or 0)
     benchmark, settings, profile, problems = _load(rest, args.config_dir)
+    if args.prepare_env:  # nothing is served: only what picks the environment matters
+        problems = [p for p in problems if p.key.startswith(("benchmark", "eval.env_root"))]
     if problems or benchmark is None or settings is None:
         return refuse(problems, "the eval")
     if benchmark.kind != "bfcl":
         print(f"slca-exp eval: benchmark={benchmark.name}: {TAU2_UNAVAILABLE}", file=sys.stderr)
         return EXIT_BAD_CONFIG
+    if args.prepare_env:
+        return _prepare_env(benchmark, settings)
     return _eval(args, benchmark, settings, profile)
+
+
+def _prepare_env(benchmark, settings) -> int:  # noqa: ANN001
+    """``--prepare-env``: the benchmark's environment, built here if it is not yet."""
+    from slca_exp.evaluation import environment
+
+    try:
+        env = environment.bfcl_env(
+            benchmark.version, environment.env_root(settings.env_root), say=say
+        )
+    except environment.BuildError as err:
+        say(str(err))
+        return EXIT_FAILED
+    say(f"BFCL's environment (bfcl-eval {benchmark.version}) is ready: {env.folder}")
+    return 0
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -64,8 +96,15 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "target",
+        nargs="?",
         metavar="RUN_OR_SWEEP",
         help="a run id or name, a sweep id, a sweep's parent run id, or an experiment name",
+    )
+    parser.add_argument(
+        "--prepare-env",
+        action="store_true",
+        help="only build the benchmark's environment (once, under a lock) and say where: on a "
+        "login node, for compute nodes without the package registry",
     )
     parser.add_argument(
         "--dry-run",

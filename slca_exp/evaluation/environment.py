@@ -47,7 +47,7 @@ BFCL_IMPORTS = (
 BUILD_TIMEOUT_S = 1800
 
 
-class EnvironmentError_(RuntimeError):  # noqa: N801 - not the builtin EnvironmentError
+class BuildError(RuntimeError):
     """The benchmark's environment could not be built."""
 
 
@@ -156,7 +156,7 @@ def _uv() -> str:
     except (ImportError, FileNotFoundError):
         found = shutil.which("uv")
         if found is None:
-            raise EnvironmentError_(
+            raise BuildError(
                 "uv, which builds benchmark environments, is not installed: pip install uv"
             ) from None
         return found
@@ -167,7 +167,7 @@ def _run(command: list[str], env: dict[str, str] | None = None) -> str:
         command, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S, env=env, check=False
     )
     if done.returncode != 0:
-        raise EnvironmentError_(
+        raise BuildError(
             f"building BFCL's environment failed at `{' '.join(command[:4])} ...` "
             f"(exit status {done.returncode}):\n{done.stderr[-3000:]}"
         )

@@ -50,7 +50,14 @@ def evaluate_run(
             "(the same checkpoint and sample, served the same way): scores kept; "
             "eval.rescore=true scores it again"
         )
-    env = environment.bfcl_env(benchmark.version, environment.env_root(settings.env_root), say)
+    try:
+        env = environment.bfcl_env(benchmark.version, environment.env_root(settings.env_root), say)
+    except environment.BuildError as err:
+        raise scoring.EvalError(
+            f"{err}\n(a node without the package registry cannot build it: build it once where "
+            "the registry is reachable, into the shared eval.env_root: slca-exp eval "
+            "--prepare-env eval.env_root=<shared folder>)"
+        ) from None
     work = folder / checkpoint.run_id
     scores, ran = scoring.score(checkpoint, benchmark, settings, env, work, say=say)
     scoring.log_scores(client, checkpoint, benchmark, settings, env, key, scores, ran)

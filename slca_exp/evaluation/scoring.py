@@ -31,6 +31,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
+from urllib.request import url2pathname
 
 from slca_exp.core.names import EVAL_OVERALL, eval_metric
 from slca_exp.core.tags import MODEL_PATH, RUN_NAME, eval_tag
@@ -96,8 +98,8 @@ def checkpoint_of(client: Any, run: Any, scratch: Path) -> Checkpoint:  # noqa: 
             "the end with MLflow on (tracking.backends has mlflow) has a checkpoint to score"
         )
     step, model = max(models, key=lambda pair: pair[0])
-    recorded = model.tags.get(MODEL_PATH, "")
-    folder = Path(recorded.removeprefix("file://")) if recorded.startswith("file://") else None
+    recorded = urlparse(model.tags.get(MODEL_PATH, ""))
+    folder = Path(url2pathname(recorded.path)) if recorded.scheme == "file" else None
     if folder is None or not (folder / "config.json").is_file():
         folder = _download(model, scratch / model.model_id)
     return Checkpoint(run_id, run.data.tags.get(RUN_NAME, ""), model.model_id, step, str(folder))

@@ -195,3 +195,19 @@ def test_the_sample_is_the_seeds_and_the_categorys_alone_in_bfcls_order(ids, n, 
     assert chosen == sample(list(ids), dict(spec), category)  # the same call, the same items
     assert len(chosen) == (len(ids) if n is None else min(n, len(ids)))
     assert chosen == [i for i in ids if i in set(chosen)]  # a subset, in BFCL's order
+
+
+def test_the_run_may_stand_anywhere_among_the_overrides_but_only_one(capsys):
+    err = refused(capsys, "benchmark.per_category=0", "some-run", "eval=cpu")
+    assert "benchmark.per_category" in err  # some-run was taken as the run, the rest as keys
+    assert eval_command.main(["run-a", "run-b", "eval=cpu"]) == 2
+    assert "one RUN_OR_SWEEP at a time (got run-a, run-b)" in capsys.readouterr().err
+
+
+def test_prepare_env_checks_only_what_picks_the_environment(capsys):
+    # eval=gpu (the default) is not refused here, although this vLLM is the CPU build: nothing
+    # is served; a version slca-exp has not run is
+    err = refused(capsys, "--prepare-env", "benchmark.version=2024.1.1")
+    assert "benchmark.version" in err and "eval.device" not in err
+    assert eval_command.main(["--prepare-env", "some-run"]) == 2
+    assert "give no RUN_OR_SWEEP" in capsys.readouterr().err

@@ -217,6 +217,13 @@ def test_the_environment_was_built_once_while_another_eval_waited_for_it(bfcl_en
     assert len(folders) == 1
 
 
+def test_prepare_env_finds_the_built_environment_and_says_where(bfcl_env, tmp_path):
+    res = run([EXE, "eval", "--prepare-env"], tmp_path, cli_env(bfcl_env["root"]), timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert "building" not in res.stderr
+    assert f"is ready: {bfcl_folder(bfcl_env['root'], VERSION)}" in res.stderr
+
+
 def test_the_categories_offered_are_those_of_the_installed_bfcl(bfcl_env):
     python = bfcl_folder(bfcl_env["root"], VERSION) / "bin" / "python"
     code = (
