@@ -16,7 +16,9 @@ trained the checkpoint: metrics eval/<benchmark>/<category> and eval/<benchmark>
 item table eval/<benchmark>/items.json and tags slca.eval.<benchmark>.*. A run already scored
 on the same benchmark version, sample and checkpoint, served the same way, keeps its scores
 (eval.rescore=true scores it again). --dry-run shows what would be served and scored, and
-starts nothing. slca-exp compare then reads the eval/* metrics like any other.
+starts nothing; --prepare-env only builds the benchmark's environment (on a login node, for
+compute nodes that cannot reach the package registry). slca-exp compare then reads the eval/*
+metrics like any other.
 """
 
 from __future__ import annotations

@@ -16,8 +16,6 @@ anything is served (:func:`benchmark_problems`).
 
 from __future__ import annotations
 
-import hashlib
-import json
 import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -105,11 +103,6 @@ class Benchmark:
         fields = asdict(self)
         fields.pop("threads")
         return fields
-
-    def fingerprint(self) -> str:
-        """sha256 (hex) of :meth:`identity`'s canonical JSON."""
-        canonical = json.dumps(self.identity(), sort_keys=True, separators=(",", ":"))
-        return hashlib.sha256(canonical.encode()).hexdigest()
 
 
 def benchmark_problems(b: Benchmark) -> list[Problem]:
