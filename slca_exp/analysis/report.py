@@ -256,26 +256,25 @@ def _benchmark_section(
         )
         counted = f"{len(scored)} of {len(runs)} runs scored"
         lines.append(f"- {benchmark}: {counted}; {'; '.join(sources)}")
-    rows = []
-    for metric in found:
-        for label, members in groups.items():
-            values = [v for v in (observe(r, metric) for r in members) if v is not None]
-            if not values:
-                continue
-            mean, low, high = mean_interval(values)
-            interval = "-" if math.isnan(low) else f"[{low:.3f}, {high:.3f}]"
-            rows.append([metric, label, str(len(values)), f"{mean:.3f}", interval])
+    rows = [[metric, *row] for metric in found for row in _per_group(observe, groups, metric, "")]
     header = ["metric", "group", "runs", "mean", f"{CONFIDENCE:.0%} CI"]
     return [*lines, "", markdown_table(header, rows)]
 
 
 def _grad_cos(observe: Observations, groups: Mapping[str, Sequence[Any]]) -> list[list[str]]:
+    return _per_group(observe, groups, GRAD_COS, "+")
+
+
+def _per_group(
+    observe: Observations, groups: Mapping[str, Sequence[Any]], metric: str, sign: str
+) -> list[list[str]]:
+    """Per group that logged ``metric``: its label, runs, mean and interval (``sign``: ``+``)."""
     rows = []
     for label, runs in groups.items():
-        values = [v for v in (observe(r, GRAD_COS) for r in runs) if v is not None]
+        values = [v for v in (observe(r, metric) for r in runs) if v is not None]
         if not values:
             continue
         mean, low, high = mean_interval(values)
-        interval = "-" if math.isnan(low) else f"[{low:+.3f}, {high:+.3f}]"
-        rows.append([label, str(len(values)), f"{mean:+.3f}", interval])
+        interval = "-" if math.isnan(low) else f"[{low:{sign}.3f}, {high:{sign}.3f}]"
+        rows.append([label, str(len(values)), f"{mean:{sign}.3f}", interval])
     return rows

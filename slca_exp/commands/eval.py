@@ -183,9 +183,9 @@ def _eval(args: argparse.Namespace, benchmark, settings, profile) -> int:  # noq
         status = _on_slurm(uri, found, benchmark, settings, profile, folder)
         return status or (EXIT_FAILED if failed else 0)
     say(f"servers' and BFCL's files: {shown_path(folder)}/<run id>")
-    for run, _ in found:
+    for run, checkpoint in found:
         try:
-            say(jobs.evaluate_run(client, run, benchmark, settings, folder, say))
+            say(jobs.evaluate_run(client, run, benchmark, settings, folder, say, checkpoint))
         except scoring.EvalError as err:
             say(f"run {run.info.run_id}: not scored: {err}")
             failed += 1

@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from slca_exp.core.problems import ConfigError, refuse
-from slca_exp.evaluation.options import after_train
 from slca_exp.launch.command import OWN_FLAGS, check_jobs, read_command_line
 from slca_exp.plugins import load_plugins
 
@@ -41,6 +40,8 @@ def main(argv: Sequence[str]) -> int:
     checked = check_jobs(command, probe=not offline)
     if checked.problems:
         return refuse(checked.problems)
+    from slca_exp.evaluation.options import after_train
+
     after = {p: None for c in checked.typed for p in after_train(c)[2]}  # once each, in order
     if after:
         return refuse(list(after))

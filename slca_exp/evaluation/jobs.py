@@ -32,6 +32,7 @@ def evaluate_run(
     settings: EvalSettings,
     folder: Path,
     say: Callable[[str], None],
+    checkpoint: scoring.Checkpoint | None = None,
 ) -> str:
     """Score the run's checkpoint into the run, unless it holds these scores; what happened.
 
@@ -42,7 +43,8 @@ def evaluate_run(
         scoring.EvalError: no checkpoint, a server that never answered, a failed driver.
 
     """
-    checkpoint = scoring.checkpoint_of(client, run, folder / run.info.run_id)
+    if checkpoint is None:  # else found by the caller already (slca-exp eval checks it first)
+        checkpoint = scoring.checkpoint_of(client, run, folder / run.info.run_id)
     key = scoring.eval_key(benchmark, checkpoint, settings)
     if scoring.scored_already(run, benchmark, key) and not settings.rescore:
         return (
@@ -87,24 +89,9 @@ class EvalJob:
 
 def submit(job: EvalJob, profile: Any, folder: Path) -> Any:  # noqa: ANN401 - submitit's
     """Submit ``job`` with the profile's resources; its logs under ``folder/<job id>``."""
-    import submitit
+    from slca_exp.launch.service_job import one_node_executor
 
-    executor = submitit.AutoExecutor(folder=folder / "%j", cluster="slurm")
-    params = {
-        "timeout_min": profile.timeout_min,
-        "nodes": 1,
-        "tasks_per_node": 1,
-        "cpus_per_task": profile.cpus_per_task,
-        "mem_gb": profile.mem_gb,
-        "gpus_per_node": profile.gpus_per_node or None,
-        "name": f"slca-eval-{job.run_id[:8]}",
-        "slurm_partition": profile.partition,
-        "slurm_account": profile.account,
-        "slurm_qos": profile.qos,
-        "slurm_setup": list(profile.setup) or None,
-    }
-    executor.update_parameters(**{k: v for k, v in params.items() if v is not None})
-    return executor.submit(job)
+    return one_node_executor(profile, folder, f"slca-eval-{job.run_id[:8]}").submit(job)
 
 
 def _say(line: str) -> None:

@@ -19,7 +19,7 @@ from typing import Any
 from slca_exp.config.fields import param
 from slca_exp.core.problems import Problem
 from slca_exp.engines.verl.cpu import VLLM_HEAD_SIZES
-from slca_exp.services.definition import ServiceDefinition
+from slca_exp.services.definition import DTYPES, ServiceDefinition
 from slca_exp.services.vllm_options import DEVICES
 
 GROUP = "eval"
@@ -35,9 +35,7 @@ class EvalSettings:
         "where vLLM serves the checkpoint: cuda (vLLM's CUDA build) | cpu (vLLM's CPU build)",
         choices=DEVICES,
     )
-    dtype: str = param(
-        "auto", "weights and activations dtype", choices=("auto", "bfloat16", "float16", "float32")
-    )
+    dtype: str = param("auto", "weights and activations dtype", choices=DTYPES)
     max_model_len: int | None = param(None, "context length; null: the checkpoint's own", gt=0)
     tool_call_parser: str = param(
         "hermes", "vLLM's tool-call parser for the trained chat template (<tool_call> blocks)"

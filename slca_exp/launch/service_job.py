@@ -351,11 +351,33 @@ def wait_ended(job_id: str) -> bool:
 
 def submit(registry, definition, profile_name, profile):  # noqa: ANN001, ANN201 - submitit's
     """Submit the service's job (:class:`ServiceJob`) with its profile's resources."""
+    executor = one_node_executor(
+        profile,
+        log_path(registry, definition.name),
+        f"slca-serve-{definition.name}",
+        max_num_timeout=profile.max_num_timeout,
+        slurm_signal_delay_s=profile.signal_delay_s,
+    )
+    return executor.submit(ServiceJob(definition, str(registry.folder), profile_name))
+
+
+def one_node_executor(  # noqa: ANN201 - submitit's
+    profile,  # noqa: ANN001
+    folder: Path,
+    name: str,
+    max_num_timeout: int = 0,
+    **extra,  # noqa: ANN003
+):
+    """A submitit SLURM executor for one task on one node with the profile's resources.
+
+    Logs go under ``folder/<job id>``; ``max_num_timeout`` requeues are allowed after a time
+    limit; ``extra`` are more submitit parameters (``None`` is left to SLURM's default, as the
+    profile's own unset fields are).
+    """
     import submitit
 
-    folder = log_path(registry, definition.name) / "%j"
     executor = submitit.AutoExecutor(
-        folder=folder, cluster="slurm", slurm_max_num_timeout=profile.max_num_timeout
+        folder=folder / "%j", cluster="slurm", slurm_max_num_timeout=max_num_timeout
     )
     params = {
         "timeout_min": profile.timeout_min,
@@ -364,12 +386,12 @@ def submit(registry, definition, profile_name, profile):  # noqa: ANN001, ANN201
         "cpus_per_task": profile.cpus_per_task,
         "mem_gb": profile.mem_gb,
         "gpus_per_node": profile.gpus_per_node or None,
-        "name": f"slca-serve-{definition.name}",
+        "name": name,
         "slurm_partition": profile.partition,
         "slurm_account": profile.account,
         "slurm_qos": profile.qos,
         "slurm_setup": list(profile.setup) or None,
-        "slurm_signal_delay_s": profile.signal_delay_s,
+        **extra,
     }
     executor.update_parameters(**{k: v for k, v in params.items() if v is not None})
-    return executor.submit(ServiceJob(definition, str(registry.folder), profile_name))
+    return executor

@@ -27,6 +27,8 @@ from slca_exp.services.vllm_line import recorded
 from slca_exp.services.vllm_options import DEVICES
 
 ROLES = ("judge", "simulator")
+DTYPES = ("auto", "bfloat16", "float16", "float32")
+"""What ``vllm serve --dtype`` is given (a service's, a checkpoint's for ``slca-exp eval``)."""
 """The run config groups a service can stand behind."""
 
 NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
@@ -64,9 +66,7 @@ class ServiceDefinition:
     tensor_parallel_size: int = param(1, "GPUs each model replica is split over", gt=0)
     pipeline_parallel_size: int = param(1, "pipeline stages", gt=0)
     max_model_len: int | None = param(None, "context length; null: the model's own", gt=0)
-    dtype: str = param(
-        "auto", "weights and activations dtype", choices=("auto", "bfloat16", "float16", "float32")
-    )
+    dtype: str = param("auto", "weights and activations dtype", choices=DTYPES)
     quantization: str | None = param(None, "vLLM --quantization method (mxfp4, fp8, awq, ...)")
     gpu_memory_utilization: float | None = param(
         None, "fraction of each GPU's memory vLLM may use; null: vLLM's default", gt=0, le=1

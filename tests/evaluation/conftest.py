@@ -49,3 +49,8 @@ def cli_env(envs_root: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in drop}
     env["SLCA_EXP_ENVS"] = str(envs_root)
     return env
+
+
+def cli(args: list[str], cwd: Path, env: dict[str, str], timeout: float = 600):
+    """A command run as a user runs it, its output captured."""
+    return subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)

@@ -22,8 +22,7 @@ from mlflow.tracking import MlflowClient
 from slca_exp.evaluation.benchmark import BFCL_CATEGORIES
 from slca_exp.evaluation.environment import BFCL_EXCLUDED, bfcl_folder
 from tests.engines.test_engine_runs_on_cpu import TINY
-from tests.evaluation.conftest import VERSION, cli_env
-from tests.launch.conftest import slurm  # noqa: F401 - the fixture
+from tests.evaluation.conftest import VERSION, cli, cli_env
 
 pytestmark = pytest.mark.slow
 
@@ -38,17 +37,13 @@ BENCHMARK = [
 ]
 
 
-def run(args, cwd, env, timeout=600):
-    return subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
-
-
 @pytest.fixture(scope="module")
 def sweep(tmp_path_factory, bfcl_env):
     """The trained sweep, its store, and the option file that serves its checkpoints."""
     work = tmp_path_factory.mktemp("eval-sweep")
     env = cli_env(bfcl_env["root"])
     root = work / "out"
-    res = run(
+    res = cli(
         [
             EXE,
             "train",
@@ -109,12 +104,13 @@ def sweep(tmp_path_factory, bfcl_env):
     }
 
 
-def evaluate(sweep, *extra):
-    return run(
+def evaluate(sweep, *extra, target=None):
+    """``slca-exp eval`` of the sweep (or of ``target``) through the answering server."""
+    return cli(
         [
             EXE,
             "eval",
-            sweep["sweep_id"],
+            target or sweep["sweep_id"],
             "--tracking-uri",
             sweep["store"],
             "--config-dir",
@@ -218,7 +214,7 @@ def test_the_environment_was_built_once_while_another_eval_waited_for_it(bfcl_en
 
 
 def test_prepare_env_finds_the_built_environment_and_says_where(bfcl_env, tmp_path):
-    res = run([EXE, "eval", "--prepare-env"], tmp_path, cli_env(bfcl_env["root"]), timeout=300)
+    res = cli([EXE, "eval", "--prepare-env"], tmp_path, cli_env(bfcl_env["root"]), timeout=300)
     assert res.returncode == 0, res.stderr
     assert "building" not in res.stderr
     assert f"is ready: {bfcl_folder(bfcl_env['root'], VERSION)}" in res.stderr
@@ -241,7 +237,7 @@ def test_the_categories_offered_are_those_of_the_installed_bfcl(bfcl_env):
 
 
 def test_compare_gives_the_paired_difference_of_each_category(sweep, scored, tmp_path):
-    out = run(
+    out = cli(
         [
             EXE,
             "compare",
@@ -278,22 +274,7 @@ def test_a_second_eval_keeps_the_scores_and_rescore_scores_again(sweep, scored):
     assert again.stderr.count("scores kept") == 4
     assert sweep["requests"].read_text().count("\n") == before
     job = sweep["jobs"][0]
-    rescored = run(
-        [
-            EXE,
-            "eval",
-            job.info.run_id,
-            "--tracking-uri",
-            sweep["store"],
-            "--config-dir",
-            str(sweep["work"] / "conf"),
-            "eval=answering",
-            *BENCHMARK,
-            "eval.rescore=true",
-        ],
-        sweep["work"],
-        sweep["env"],
-    )
+    rescored = evaluate(sweep, "eval.rescore=true", target=job.info.run_id)
     assert rescored.returncode == 0, rescored.stderr
     after = sweep["requests"].read_text().count("\n")
     assert after == before + len(CATEGORIES) * PER_CATEGORY
@@ -302,7 +283,7 @@ def test_a_second_eval_keeps_the_scores_and_rescore_scores_again(sweep, scored):
 
 
 def test_a_cpu_eval_of_checkpoints_whose_heads_vllm_cannot_run_is_refused(sweep):
-    res = run(
+    res = cli(
         [EXE, "eval", sweep["sweep_id"], "--tracking-uri", sweep["store"], "eval=cpu", *BENCHMARK],
         sweep["work"],
         sweep["env"],
@@ -317,23 +298,12 @@ def test_a_cpu_eval_of_checkpoints_whose_heads_vllm_cannot_run_is_refused(sweep)
 def test_an_eval_on_slurm_scores_in_a_job_of_its_own(sweep, scored):
     job = sweep["jobs"][1]
     before = len(sweep["client"].get_metric_history(job.info.run_id, "eval/bfcl/overall"))
-    res = run(
-        [
-            EXE,
-            "eval",
-            job.info.run_id,
-            "--tracking-uri",
-            sweep["store"],
-            "--config-dir",
-            str(sweep["work"] / "conf"),
-            "eval=answering",
-            *BENCHMARK,
-            "eval.rescore=true",
-            "eval.launcher=slurm_cpu",
-            "eval.resources={mem_gb: 2}",
-        ],
-        sweep["work"],
-        sweep["env"],
+    res = evaluate(
+        sweep,
+        "eval.rescore=true",
+        "eval.launcher=slurm_cpu",
+        "eval.resources={mem_gb: 2}",
+        target=job.info.run_id,
     )
     assert res.returncode == 0, res.stderr[-3000:]
     assert "SLURM job " in res.stderr and "logged to the run" in res.stderr
@@ -363,7 +333,7 @@ def test_a_run_with_eval_after_train_is_scored_in_its_own_job(sweep, tmp_path):
         )
     )
     root = tmp_path / "out"
-    res = run(
+    res = cli(
         [
             EXE,
             "train",

@@ -10,7 +10,6 @@ is tested is the path (served by vLLM, answered, scored, logged into the run).
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -18,7 +17,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from tests.engines.test_engine_runs_on_cpu import TINY
-from tests.evaluation.conftest import VERSION, cli_env
+from tests.evaluation.conftest import VERSION, cli, cli_env
 from tests.skip_policy import require
 
 require("vllm", reason="needs vLLM's CPU build (make install)")
@@ -33,7 +32,7 @@ def evaluated(tmp_path_factory, bfcl_env):
     work = tmp_path_factory.mktemp("eval-vllm")
     env = cli_env(bfcl_env["root"])
     root = work / "out"
-    trained = subprocess.run(
+    trained = cli(
         [
             EXE,
             "train",
@@ -43,17 +42,14 @@ def evaluated(tmp_path_factory, bfcl_env):
             "backbone.arch.num_heads=2",
             f"tracking.root={root}",
         ],
-        cwd=work,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
+        work,
+        env,
     )
     assert trained.returncode == 0, trained.stderr[-3000:]
     store = f"sqlite:///{root / 'mlflow.db'}"
     client = MlflowClient(store)
     (run,) = [r for e in client.search_experiments() for r in client.search_runs([e.experiment_id])]
-    res = subprocess.run(
+    res = cli(
         [
             EXE,
             "eval",
@@ -66,10 +62,8 @@ def evaluated(tmp_path_factory, bfcl_env):
             "benchmark.max_tokens=64",
             "eval=cpu",
         ],
-        cwd=work,
-        env=env,
-        capture_output=True,
-        text=True,
+        work,
+        env,
         timeout=1200,
     )
     assert res.returncode == 0, res.stderr[-4000:]
