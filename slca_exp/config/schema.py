@@ -113,6 +113,13 @@ class RewardConfig:
     )
     tool_weights: ToolWeights = param(default_factory=ToolWeights, help="tool process weights")
     normalize: bool = param(False, "rescale tool_weights to sum to 1 (and record the result)")
+    logged_weights: ToolWeights | None = param(
+        None,
+        "the weights of the HierR score logged as the tool process score (reward/tool/hierr, "
+        "val/tool_success@k) when it should not be R_tool's own: ablation=no_hierr trains with "
+        "every tool weight 0 and logs the score under the paper's weights; null: tool_weights "
+        "(as normalized)",
+    )
     process_weight: float = param(1.0, "w_process: weight of R_tool in the total", ge=0)
     summary_weight: float = param(1.0, "w_respq: weight of R_sum in the total", ge=0)
     no_call_penalty: float = param(
@@ -133,6 +140,30 @@ class RewardConfig:
     )
     outcome: OutcomeJudgeConfig = param(
         default_factory=OutcomeJudgeConfig, help="the outcome judge (tool_reward=outcome)"
+    )
+    judge_view: str = param(
+        "responses",
+        "what the summary judge is shown: responses (the numbered tool responses and the final "
+        "reply, the main reward) | interaction (every tool call, then every tool response, and "
+        "the reply, as the public v8.2 reward showed them; its template needs "
+        "{{tool_interactions}}, e.g. judge_prompt=hierr_judge_v82.txt)",
+        choices=("responses", "interaction"),
+    )
+    judge_prompt: str | None = param(
+        None,
+        "the summary judge's template under this reward, instead of judge.prompt: a file, or "
+        "one shipped in slca_exp/judges/prompts/; null: judge.prompt. A judge that renders no "
+        "template (rubric) ignores it",
+    )
+    judge_prompt_version: str | None = param(
+        None, "judge_prompt's version, recorded with the run; null: the file's stem"
+    )
+    no_tool_response: str = param(
+        "zero",
+        "a rollout without a tool response: zero (0 without asking the judge, the main reward; "
+        "judge.short_circuit_no_tool_response=false also turns it off) | judge (judged like any "
+        "other, the public v8.2 reward; a no-call the penalty scores is still not judged)",
+        choices=("zero", "judge"),
     )
 
 
@@ -229,7 +260,11 @@ class RLConfig:
     kl_coef: float = param(0.0, "weight of the low-variance KL to the frozen reference", ge=0)
     grad_clip: float = param(1.0, "max gradient norm", gt=0, finite=True)
     grad_cos: bool = param(
-        False, "diagnostic: cos(grad_tool, grad_summary) from two masked backward passes"
+        False,
+        "diagnostic, on both engines (verl: in its actor): before each RL step's update, "
+        "cos(grad_tool, grad_summary) and both gradient norms on the step's batch "
+        "(train/grad_cos, train/grad_norm_tool, train/grad_norm_summary), from two extra "
+        "forward-backward passes: the update takes about 3x as long",
     )
     mask_rule: str = param(
         "parity",

@@ -107,3 +107,10 @@ class SimulatorConfig(ServiceConfig):
     check_types: bool = param(
         True, "refuse arguments whose JSON type or enum value contradicts the schema"
     )
+    schema_guidance: bool = param(
+        True,
+        "the simulator is given the called tool's schema: sgls shows it in its prompt, and "
+        "calls are checked against it (check_required_args, check_types) before anyone answers. "
+        "false: the w/o-SGLS ablation, the simulator sees only the tool's name and arguments, no "
+        "call is refused for its arguments, and sgls's default prompt is sgls_no_schema_v1.txt",
+    )

@@ -17,6 +17,7 @@ from typing import Any
 
 from slca_exp.judges.base import (
     LABELS,
+    VIEW_FIELDS,
     Judge,
     JudgeBase,
     JudgeRequest,
@@ -34,6 +35,7 @@ from slca_exp.judges.outcome import (
 )
 from slca_exp.judges.rubric import RUBRIC_VERSION, RubricJudge
 from slca_exp.registry import Registry
+from slca_exp.services.prompts import PromptTemplate
 
 JUDGES: Registry[type[JudgeBase]] = Registry("judge")
 """Judge backends, keyed by ``judge.backend``: ``JudgeBase`` subclasses, ``cls(cfg)`` builds one
@@ -71,6 +73,41 @@ def describe_judge(cfg: Any) -> dict[str, Any]:  # noqa: ANN401
     fields = JUDGES.get(cfg.backend).describe_config(cfg)
     noise = noise_fields(_noise(cfg))
     return fields if noise is None else {**fields, "noise": noise}
+
+
+def describe_judging(reward: Any) -> dict[str, Any] | None:  # noqa: ANN401
+    """What a ``reward`` config asks of the summary judge, as the recipe should record it.
+
+    ``None`` for the main reward's asks (``judge_view=responses``, no ``judge_prompt``,
+    ``no_tool_response=zero``), so that a recipe without them keeps its fingerprint; otherwise
+    the view, the rule, and the template with its version and sha256 (cheap: no network).
+
+    >>> from slca_exp.config.schema import RewardConfig
+    >>> describe_judging(RewardConfig()) is None
+    True
+    >>> v82 = describe_judging(RewardConfig(judge_view="interaction",
+    ...     judge_prompt="hierr_judge_v82.txt", no_tool_response="judge"))
+    >>> v82["judge_view"], v82["judge_prompt_version"], len(v82["judge_prompt_sha256"])
+    ('interaction', 'hierr_judge_v82', 64)
+
+    Raises:
+        FileNotFoundError: ``reward.judge_prompt`` names no template.
+
+    """
+    get = reward.get if hasattr(reward, "get") else lambda k: getattr(reward, k, None)
+    view, prompt = str(get("judge_view") or "responses"), get("judge_prompt")
+    rule = str(get("no_tool_response") or "zero")
+    if (view, prompt, rule) == ("responses", None, "zero"):
+        return None
+    fields: dict[str, Any] = {"judge_view": view, "no_tool_response": rule, "judge_prompt": None}
+    if prompt:
+        template = PromptTemplate.load(str(prompt), "judge")
+        fields |= {
+            "judge_prompt": template.path.name,
+            "judge_prompt_version": get("judge_prompt_version") or template.path.stem,
+            "judge_prompt_sha256": template.sha256,
+        }
+    return fields
 
 
 def outcome_judge_class(reward: Any, judge: Any) -> type[OutcomeJudgeBase]:  # noqa: ANN401
@@ -124,10 +161,12 @@ __all__ = [
     "NoisyJudge",
     "OpenAIJudge",
     "RubricJudge",
+    "VIEW_FIELDS",
     "batch_stats",
     "build_judge",
     "build_outcome_judge",
     "describe_judge",
+    "describe_judging",
     "describe_outcome",
     "outcome_judge_class",
     "outcome_prompts",

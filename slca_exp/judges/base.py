@@ -3,8 +3,11 @@
 The protocol a judge implements, its requests and its results are the summary reward's
 (:mod:`slca_exp.rewards.judging`, re-exported here for the judges).
 
-A judge rates the final reply of a rollout 1-5 from the question, the numbered
-``<tool_response>`` contents and the text after the last ``</tool_response>``; the summary score is
+A judge rates the final reply of a rollout 1-5 from what the reward shows it
+(``JudgeRequest.view``, the recipe's ``reward.judge_view``): under ``responses`` the question, the
+numbered ``<tool_response>`` contents and the text after the last ``</tool_response>``; under
+``interaction`` the question, every tool call and tool response, and the reply, as the public
+v8.2 reward showed them (:mod:`slca_exp.judges.interaction`). The summary score is
 ``(rating - 1) / 4``. A judge never invents a score: when it cannot rate, the result is
 ``status="failed"`` with ``score=NaN`` and the reward's failure policy decides what that means.
 """
@@ -16,8 +19,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from slca_exp.core import names
+from slca_exp.judges.interaction import as_decoded, contents, final_response, tool_interactions
 from slca_exp.rewards.judging import LABELS, STATUSES, Judge, JudgeRequest, JudgeResult
-from slca_exp.rewards.toolcalls import final_reply, tool_responses
+from slca_exp.rewards.toolcalls import TOOL_RESPONSE, final_reply, tool_responses
 from slca_exp.services.backend import Backend, Counted
 
 __all__ = [
@@ -28,24 +32,53 @@ __all__ = [
     "JudgeRequest",
     "JudgeResult",
     "JudgeView",
+    "VIEW_FIELDS",
     "batch_stats",
     "short_circuit",
     "short_circuit_fields",
 ]
 
 
+VIEW_FIELDS: dict[str, tuple[str, ...]] = {
+    "responses": ("question", "tool_responses", "reply"),
+    "interaction": ("question", "tool_interactions", "reply"),
+}
+"""The template placeholders each view fills (a template may use no others); its keys are
+``rewards.judging.JUDGE_VIEWS``."""
+
+
 @dataclass(frozen=True)
 class JudgeView:
-    """What a judge sees of a rollout: the question, the tool responses and the final reply."""
+    """What a judge sees of a rollout.
+
+    Attributes:
+        question: the user's question.
+        tool_responses: the stripped ``<tool_response>`` contents, in order.
+        reply: the final reply (under ``interaction``, by the v8.2 rule).
+        tool_interactions: under ``interaction``, every tool call and tool response as v8.2
+            rendered them; ``""`` under ``responses``.
+        kind: the view, ``responses`` or ``interaction`` (a key of :data:`VIEW_FIELDS`).
+
+    """
 
     question: str
     tool_responses: tuple[str, ...]
     reply: str
+    tool_interactions: str = ""
+    kind: str = "responses"
 
     @classmethod
     def of(cls, request: JudgeRequest) -> JudgeView:
-        """Extract the view from a request (linear scans, see ``rewards.toolcalls``)."""
+        """Extract the view ``request.view`` names (linear scans, see ``rewards.toolcalls``)."""
         text = request.response_text
+        if request.view == "interaction":
+            return cls(
+                request.question,
+                tuple(contents(as_decoded(text), TOOL_RESPONSE)),
+                final_response(text),
+                tool_interactions(text),
+                "interaction",
+            )
         return cls(request.question, tuple(tool_responses(text)), final_reply(text))
 
 
@@ -103,10 +136,26 @@ class JudgeBase(Counted, Backend):
     remote: bool = False
     """Whether the judge asks a server: then validation requires ``judge.model`` and
     ``judge.base_url``, and ``validate`` / ``--dry-run`` probe that URL (unless ``--offline``)."""
+    views: tuple[str, ...] = ("responses",)
+    """The views (``reward.judge_view``) the judge honours; validation refuses any other."""
 
     def __init__(self, cfg: Any) -> None:  # noqa: ANN401
         super().__init__()
         self.cfg = cfg
+
+    @classmethod
+    def placeholders(cls, cfg: Any, prompt: str | None = None) -> tuple[str, ...] | None:  # noqa: ANN401
+        """The placeholders of the template the judge renders (``None``: it renders none).
+
+        Args:
+            cfg: the ``judge`` config.
+            prompt: the reward's template (``reward.judge_prompt``), which wins over the judge's.
+
+        Raises:
+            FileNotFoundError: the template does not exist.
+
+        """
+        return None
 
     def _short_circuit(self, view: JudgeView, request: JudgeRequest) -> JudgeResult | None:
         return short_circuit(

@@ -1,8 +1,10 @@
 """The LLM judge (registry name ``openai``): the paper's frozen judge over an OpenAI-compatible API.
 
 Any server speaking chat completions works (``vllm serve openai/gpt-oss-120b``, SGLang, a
-gateway). The judge sees the question, the numbered ``<tool_response>`` contents and the final
-reply, rendered into a versioned template (``judge.prompt``, sha256 recorded), and must answer
+gateway). The judge sees what the request's view shows (``reward.judge_view``: the question, the
+numbered ``<tool_response>`` contents and the final reply; or, under ``interaction``, every tool
+call and response as the public v8.2 reward listed them), rendered into a versioned template
+(``judge.prompt``, or the reward's ``reward.judge_prompt``; sha256 recorded), and must answer
 ``<response_quality><reasoning>..</reasoning><rating>LABEL</rating></response_quality>`` with a
 label from very poor to excellent (1-5). The paper's short-circuits apply first; answers come
 from the persistent cache when the same request was rated before; transport failures are
@@ -16,6 +18,7 @@ from typing import Any
 
 from slca_exp.judges.base import (
     LABELS,
+    VIEW_FIELDS,
     JudgeBase,
     JudgeRequest,
     JudgeResult,
@@ -85,6 +88,7 @@ class OpenAIJudge(JudgeBase):
 
     name = "openai"
     remote = True
+    views = ("responses", "interaction")
 
     def __init__(self, cfg: Any) -> None:  # noqa: ANN401
         super().__init__(cfg)
@@ -95,32 +99,57 @@ class OpenAIJudge(JudgeBase):
             kind="judge",
             prompt_sha256=self.template.sha256,
         )
+        # A reward's own template (reward.judge_prompt) -> it and its chat: the same client and
+        # cache, keyed by that template's sha256.
+        self._templates: dict[str, tuple[PromptTemplate, CachedChat]] = {}
 
     def score(self, batch: Sequence[JudgeRequest]) -> list[JudgeResult]:
         """Rate a batch, blocking; failures come back as ``status="failed"``, never raised.
 
         Raises:
             MissingAPIKeyError: ``judge.api_key_env`` names an unset variable (nothing is sent).
+            FileNotFoundError: a request's ``prompt`` names no template (validation refuses it
+                before a run starts).
 
         """
         results, pending = self._prepare(batch)
-        answers = self.chat.complete([r for _, r in pending], _usable) if pending else []
-        return self._finish(results, pending, answers)
+        found: dict[int, Answer] = {}
+        for chat, slots in self._by_chat(batch, pending).items():
+            done = chat.complete([pending[k][1] for k in slots], _usable)
+            found.update(zip(slots, done, strict=True))
+        return self._finish(results, pending, [found[k] for k in range(len(pending))])
 
     async def ascore(self, batch: Sequence[JudgeRequest]) -> list[JudgeResult]:
         """Async :meth:`score`, awaitable from any event loop."""
         results, pending = self._prepare(batch)
-        answers = await self.chat.acomplete([r for _, r in pending], _usable) if pending else []
-        return self._finish(results, pending, answers)
+        found: dict[int, Answer] = {}
+        for chat, slots in self._by_chat(batch, pending).items():
+            done = await chat.acomplete([pending[k][1] for k in slots], _usable)
+            found.update(zip(slots, done, strict=True))
+        return self._finish(results, pending, [found[k] for k in range(len(pending))])
 
-    def request_for(self, view: JudgeView) -> ChatRequest:
-        """The chat request rating one rollout (one user message: the rendered template)."""
-        prompt = self.template.render(
-            question=view.question,
-            tool_responses=render_tool_responses(view.tool_responses),
-            reply=view.reply,
-        )
-        return user_request(prompt, self.cfg)
+    def request_for(self, view: JudgeView, prompt: str | None = None) -> ChatRequest:
+        """The chat request rating one rollout (one user message: the rendered template).
+
+        Args:
+            view: what the judge is shown.
+            prompt: the reward's template (``JudgeRequest.prompt``); ``None``: the judge's.
+
+        """
+        fields = VIEW_FIELDS[view.kind]
+        values = {
+            "question": view.question,
+            "tool_responses": render_tool_responses(view.tool_responses),
+            "tool_interactions": view.tool_interactions,
+            "reply": view.reply,
+        }
+        template = self._template(prompt)[0]
+        return user_request(template.render(**{k: values[k] for k in fields}), self.cfg)
+
+    @classmethod
+    def placeholders(cls, cfg: Any, prompt: str | None = None) -> tuple[str, ...] | None:  # noqa: ANN401
+        """The placeholders of ``prompt`` (the reward's template), else of the judge's own."""
+        return PromptTemplate.load(prompt or cfg.prompt or DEFAULT_PROMPT, "judge").placeholders
 
     @classmethod
     def describe_config(cls, cfg: Any) -> dict[str, Any]:  # noqa: ANN401
@@ -134,8 +163,31 @@ class OpenAIJudge(JudgeBase):
         return PromptTemplate.load(cfg.prompt or DEFAULT_PROMPT, "judge").text
 
     def close(self) -> None:
-        """Close the HTTP client and the cache (idempotent)."""
+        """Close the HTTP client and the cache (idempotent; the reward's chats share them)."""
         self.chat.close()
+
+    def _template(self, prompt: str | None) -> tuple[PromptTemplate, CachedChat]:
+        """The template ``prompt`` names and the chat keyed by its sha256 (the judge's: None)."""
+        if not prompt:
+            return self.template, self.chat
+        if prompt not in self._templates:
+            template = PromptTemplate.load(prompt, "judge")
+            chat = self.chat
+            if template.sha256 != self.template.sha256:
+                chat = CachedChat(
+                    self.chat.client, self.chat.cache, kind="judge", prompt_sha256=template.sha256
+                )
+            self._templates[prompt] = (template, chat)
+        return self._templates[prompt]
+
+    def _by_chat(
+        self, batch: Sequence[JudgeRequest], pending: list[tuple[int, ChatRequest]]
+    ) -> dict[CachedChat, list[int]]:
+        """The pending requests (their positions in ``pending``) per chat their template uses."""
+        groups: dict[CachedChat, list[int]] = {}
+        for k, (i, _) in enumerate(pending):
+            groups.setdefault(self._template(batch[i].prompt)[1], []).append(k)
+        return groups
 
     def _prepare(
         self, batch: Sequence[JudgeRequest]
@@ -147,7 +199,7 @@ class OpenAIJudge(JudgeBase):
             verdict = self._short_circuit(view, request)
             results.append(verdict)
             if verdict is None:
-                pending.append((i, self.request_for(view)))
+                pending.append((i, self.request_for(view, request.prompt)))
         return results, pending
 
     def _finish(

@@ -2,7 +2,11 @@
 
 It exists so that a recipe runs end to end on a laptop CPU; its ratings are NOT comparable with
 the paper's GPT-OSS-120B judge, and runs record ``backend: rubric`` and :data:`RUBRIC_VERSION`.
-It sees what the LLM judge sees: the question, the tool responses and the final reply.
+It sees what the LLM judge sees: the question, the tool responses and the final reply. Under
+``reward.judge_view=interaction`` (``reward=hierr_v82``) it rates the reply v8.2's rule reads,
+from the same tool responses: the rule has no use for the tool calls, and it renders no template
+(``reward.judge_prompt`` does not apply to it). Whether a rollout without a tool response is
+rated is the reward's ``no_tool_response``, as for any judge.
 
 The rule (version ``rubric-v1``), applied after the same short-circuits as the LLM judge:
 
@@ -291,6 +295,7 @@ class RubricJudge(JudgeBase):
 
     name = "rubric"
     remote = False
+    views = ("responses", "interaction")
 
     async def ascore(self, batch: Sequence[JudgeRequest]) -> list[JudgeResult]:
         """Rate a batch (pure CPU: the same as :meth:`score`)."""

@@ -408,11 +408,31 @@ def _check_engine(engine: DictConfig) -> list[Problem]:
     return []
 
 
+def _check_simulator(simulator: DictConfig) -> list[Problem]:
+    problems = _check_service("simulator")(simulator)
+    if simulator.schema_guidance or not simulator.prompt or problems:
+        return problems
+    from slca_exp.services.prompts import PromptTemplate
+
+    template = PromptTemplate.load(str(simulator.prompt), "simulator")
+    if "schema" in template.placeholders:
+        problems.append(
+            Problem(
+                "simulator.prompt",
+                f"{simulator.prompt!r} shows the tool's schema ({{{{schema}}}}), but "
+                "simulator.schema_guidance=false gives the simulator none",
+                "set simulator.prompt=sgls_no_schema_v1.txt (or a template without {{schema}}), "
+                "or simulator.schema_guidance=true",
+            )
+        )
+    return problems
+
+
 CROSS_CHECKS = {
     "backbone": _check_backbone,
     "reward": _check_reward,
     "judge": _check_service("judge"),
-    "simulator": _check_service("simulator"),
+    "simulator": _check_simulator,
     "data": _check_data,
     "algorithm": _check_algorithm,
     "engine": _check_engine,

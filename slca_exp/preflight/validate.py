@@ -8,7 +8,7 @@ Four passes over the composed ``DictConfig``:
 3. names that pick a registry entry (``judge.backend``, ``simulator.backend``, ``data.kind``,
    ``tracking.backends``), against the registries, plugins' entries included (:func:`registries`);
 4. cross-field checks below (tool weights summing to 1, a judge that asks a server needing a
-   model, ...).
+   model, what the reward asks of the summary judge, ...).
 
 Type errors are caught earlier, when values are merged onto the schema (``compose.py``).
 """
@@ -33,13 +33,92 @@ def problems_of(cfg: DictConfig) -> list[Problem]:
     walk(cfg, RunConfig, "", problems, {"engine": engine})
     broken = {p.key.split(".")[0] for p in problems}
     problems.extend(unregistered_names(cfg))
-    for section, check in CROSS_CHECKS.items():
+    for section, check in (CROSS_CHECKS | {"reward": _check_reward}).items():
         if section not in broken and section in cfg:
             problems.extend(check(cfg[section]))
     if not broken & {"reward", "judge"}:
         problems.extend(outcome_problems(cfg))
+        problems.extend(judging_problems(cfg))
     if not broken & {"engine", "algorithm"} and "engine" in cfg and "algorithm" in cfg:
         problems.extend(engine.problems(cfg))
+    return problems
+
+
+def _check_reward(reward: DictConfig) -> list[Problem]:
+    """The reward section's check, which also lets all five tool weights be 0.
+
+    All five at 0 (with ``normalize=false``) is the "w/o HierR" ablation: R_tool is 0 on every
+    rollout that calls a tool, so only the summary reward (and the no-call penalty) trains the
+    policy, while the tool process components are still computed and logged; the public code's
+    ablation sets its five weights to 0 the same way. Any other sum must be 1, as before.
+    """
+    weights = reward.tool_weights
+    if not reward.normalize and all(float(weights[k]) == 0 for k in weights):
+        return []
+    return CROSS_CHECKS["reward"](reward)
+
+
+def judging_problems(cfg: DictConfig) -> list[Problem]:
+    """What the reward asks of the summary judge (``reward.judge_*``, ``reward.no_tool_response``).
+
+    The judge must show the view (``judge.backend``'s ``views``); ``reward.judge_prompt`` must
+    name a template; the template a judge renders (the reward's, else ``judge.prompt``) may use
+    only the placeholders of the view.
+    """
+    from slca_exp.judges import JUDGES, VIEW_FIELDS
+    from slca_exp.services.prompts import resolve_prompt, shipped_prompts
+
+    reward, judge = cfg.get("reward"), cfg.get("judge")
+    if reward is None or judge is None or judge.get("backend") not in JUDGES:
+        return []  # a missing section or an unknown backend is reported elsewhere
+    view = str(reward.get("judge_view") or "responses")
+    prompt = reward.get("judge_prompt")
+    backend = JUDGES.get(judge.backend)
+    problems = []
+    shows = tuple(getattr(backend, "views", ("responses",)))
+    if view not in shows:
+        problems.append(
+            Problem(
+                "reward.judge_view",
+                f"judge.backend={judge.backend} does not show the {view} view (it shows: "
+                f"{', '.join(shows)})",
+                f"use a judge that does (judge=openai, judge=rubric), or "
+                f"reward.judge_view={shows[0]}",
+            )
+        )
+    if prompt and resolve_prompt(str(prompt), "judge") is None:
+        shipped = ", ".join(shipped_prompts("judge"))
+        problems.append(
+            Problem(
+                "reward.judge_prompt",
+                f"no prompt template {prompt!r}: neither a file nor a template shipped in "
+                "slca_exp/judges/prompts/",
+                f"give the path of a template file, or one of: {shipped}",
+            )
+        )
+        return problems
+    try:
+        used = backend.placeholders(judge, str(prompt) if prompt else None)
+    except FileNotFoundError:
+        return problems  # judge.prompt: reported by the judge section's check
+    extra = [p for p in used or () if p not in VIEW_FIELDS.get(view, ())]
+    if extra:
+        key = (
+            "reward.judge_prompt"
+            if prompt
+            else ("judge.prompt" if view == "responses" else "reward.judge_view")
+        )
+        template = prompt or judge.get("prompt") or "the judge's default template"
+        fills = ", ".join("{{" + f + "}}" for f in VIEW_FIELDS[view])
+        problems.append(
+            Problem(
+                key,
+                f"{template} uses {', '.join('{{' + p + '}}' for p in extra)}, which "
+                f"reward.judge_view={view} does not fill (it fills {fills})",
+                "pick a template written for the view: reward.judge_prompt=hierr_judge_v82.txt "
+                "for interaction, null (the judge's own) for responses",
+            )
+        )
     return problems
 
 

@@ -119,7 +119,19 @@ def reward_of(config: RunConfig) -> dict[str, Any]:
         "normalize_strings": r.normalize_strings,
         # Under the outcome reward only, so that a HierR recipe keeps the fingerprint it had.
         **_outcome(config),
+        # Likewise only where set: the summary judge's view, template and rule under this
+        # reward (reward=hierr_v82), and the logged HierR score's own weights (ablation=no_hierr).
+        **_judging(config),
+        **({"logged_weights": plain(r.logged_weights)} if r.logged_weights is not None else {}),
     }
+
+
+def _judging(config: RunConfig) -> dict[str, Any]:
+    """What the reward asks of the summary judge, when it is not the main reward's."""
+    from slca_exp.judges import describe_judging
+
+    judging = describe_judging(config.reward)
+    return {} if judging is None else {"judging": judging}
 
 
 def _outcome(config: RunConfig) -> dict[str, Any]:

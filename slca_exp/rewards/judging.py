@@ -18,6 +18,11 @@ LABELS: tuple[str, ...] = ("very poor", "poor", "acceptable", "good", "excellent
 
 STATUSES = ("ok", "short_circuit", "failed")
 
+JUDGE_VIEWS: tuple[str, ...] = ("responses", "interaction")
+"""What a summary judge may be shown of a rollout (``reward.judge_view``): ``responses``, the
+numbered tool responses and the final reply (the main reward); ``interaction``, every tool call
+and tool response and the reply, as the public v8.2 reward showed them."""
+
 
 @dataclass(frozen=True)
 class JudgeRequest:
@@ -29,13 +34,24 @@ class JudgeRequest:
             final reply).
         require_tool_response: ``False`` turns off the "no tool response -> 0" short-circuit for
             this request (the strict reward passes it on irrelevant rows, where not calling a
-            tool was right).
+            tool was right; ``reward.no_tool_response=judge`` on every row).
+        view: what the judge is shown, one of :data:`JUDGE_VIEWS` (``reward.judge_view``).
+        prompt: the template to render it into (``reward.judge_prompt``: a file, or one shipped
+            with the judges), instead of the judge's own; ``None``: the judge's. A judge that
+            renders no template ignores it.
 
     """
 
     question: str
     response_text: str
     require_tool_response: bool = True
+    view: str = "responses"
+    prompt: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.view not in JUDGE_VIEWS:
+            known = ", ".join(JUDGE_VIEWS)
+            raise ValueError(f"unknown judge view {self.view!r}; expected one of {known}")
 
 
 @dataclass(frozen=True)

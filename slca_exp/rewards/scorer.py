@@ -4,6 +4,12 @@ The one object the engines call: tool process rewards (pure, per rollout), summa
 batched judge call), penalty routing, and the ``reward/*`` metrics. Under
 ``reward.tool_reward=outcome`` R_tool is an outcome judge's verdict instead (one batched call);
 the tool process rewards are still computed and logged beside it.
+
+What the summary judge is asked is the reward's too: what it is shown (``reward.judge_view``),
+the template (``reward.judge_prompt``) and whether a rollout without a tool response is judged
+at all (``reward.no_tool_response``); they travel with each request, so that any judge the run
+uses (``judge=``) gets them. ``reward=hierr_v82`` sets all three as the public v8.2 reward had
+them.
 """
 
 from __future__ import annotations
@@ -15,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from slca_exp.estimators.base import RolloutScores
 from slca_exp.rewards.gold import Gold, read_gold
 from slca_exp.rewards.hierr import HierRWeights, ToolReward, Variant, tool_process_reward
-from slca_exp.rewards.judging import OutcomeRequest, OutcomeResult
+from slca_exp.rewards.judging import JUDGE_VIEWS, OutcomeRequest, OutcomeResult
 from slca_exp.rewards.routing import outcome_stats, reward_stats, route_batch
 from slca_exp.rewards.summary import FailurePolicy, SummaryReward, judge_stats, summary_rewards
 
@@ -27,6 +33,14 @@ TOOL_REWARDS = ("hierr", "outcome")
 
 NO_TOOLS = SummaryReward(0.0, None, "short_circuit", "the row allows no tools")
 """The paper variant's summary on a row whose ``allowed_tools`` is empty (no judge asked)."""
+
+NO_TOOL_RESPONSE_RULES = ("zero", "judge")
+"""What a rollout without a tool response gets (``reward.no_tool_response``): ``zero``, 0 without
+asking the judge (the main reward); ``judge``, judged like any other (the public v8.2 reward)."""
+
+NO_CALL = SummaryReward(0.0, None, "short_circuit", "no tool call where one was needed")
+"""The summary of a no-call the penalty scores, under ``no_tool_response=judge``: as in the
+public rewards, the judge is not asked (the penalty is the rollout's total)."""
 
 
 @dataclass(frozen=True)
@@ -40,10 +54,13 @@ class RewardBatch:
             judge failed, R_tool absent) as its ``score``.
         summary: per rollout summary rewards.
         stats: the ``reward/*``, ``judge/*`` (and ``outcome/*``) metrics.
-        hierr: per rollout tool process rewards (gold matching): ``tool`` itself under
-            ``tool_reward=hierr``.
+        hierr: per rollout tool process rewards (gold matching), as logged: ``tool`` itself
+            under ``tool_reward=hierr`` unless ``logged_weights`` weigh them otherwise.
         outcome: per rollout the outcome judge's result (``None`` where it was not asked: a
             penalised no-call); empty under ``tool_reward=hierr``.
+        evaluated: the routed scores of ``hierr`` where ``logged_weights`` weigh it otherwise
+            than R_tool (the totals ``val/success@k`` reads, :attr:`success_totals`); ``None``:
+            ``scores``.
 
     """
 
@@ -53,6 +70,13 @@ class RewardBatch:
     stats: dict[str, float]
     hierr: list[ToolReward] = field(default_factory=list)
     outcome: list[OutcomeResult | None] = field(default_factory=list)
+    evaluated: RolloutScores | None = None
+
+    @property
+    def success_totals(self) -> list[float]:
+        """(B,) the totals the paper's success@k is read from (NaN: not scored)."""
+        scores = self.scores if self.evaluated is None else self.evaluated
+        return [float(x) for x in scores.total.tolist()]
 
 
 @dataclass(frozen=True)
@@ -67,19 +91,33 @@ class HierRReward:
     judge_failure: FailurePolicy = "absent"
     normalize_strings: bool = False
     tool_reward: str = "hierr"
+    judge_view: str = "responses"
+    judge_prompt: str | None = None
+    no_tool_response: str = "zero"
+    logged_weights: HierRWeights | None = None
+    """The logged HierR score's weights, when not ``weights`` (``reward.logged_weights``)."""
 
     def __post_init__(self) -> None:
-        if self.tool_reward not in TOOL_REWARDS:
-            known = ", ".join(TOOL_REWARDS)
-            raise ValueError(f"reward.tool_reward={self.tool_reward!r}; expected one of {known}")
+        for key, value, known in (
+            ("tool_reward", self.tool_reward, TOOL_REWARDS),
+            ("judge_view", self.judge_view, JUDGE_VIEWS),
+            ("no_tool_response", self.no_tool_response, NO_TOOL_RESPONSE_RULES),
+        ):
+            if value not in known:
+                raise ValueError(f"reward.{key}={value!r}; expected one of {', '.join(known)}")
 
     @classmethod
     def from_config(cls, reward: Any) -> HierRReward:  # noqa: ANN401 - RewardConfig or mapping
         """From a validated ``reward`` config; ``normalize: true`` rescales the tool weights."""
-        get = reward.get if isinstance(reward, Mapping) else (lambda k: getattr(reward, k))
+        if isinstance(reward, Mapping):
+            get = reward.get
+        else:
+            get = lambda k, default=None: getattr(reward, k, default)  # noqa: E731
         weights = HierRWeights.from_config(get("tool_weights"))
         if get("normalize"):
             weights = weights.normalized()
+        prompt = get("judge_prompt")
+        logged = get("logged_weights")
         return cls(
             variant=get("variant"),
             weights=weights,
@@ -89,14 +127,23 @@ class HierRReward:
             judge_failure=get("judge_failure"),
             normalize_strings=bool(get("normalize_strings")),
             tool_reward=str(get("tool_reward") or "hierr"),
+            judge_view=str(get("judge_view") or "responses"),
+            judge_prompt=str(prompt) if prompt else None,
+            no_tool_response=str(get("no_tool_response") or "zero"),
+            logged_weights=None if logged is None else HierRWeights.from_config(logged),
         )
 
-    def tool(self, response_text: str, ground_truth: Mapping[str, Any] | str | Gold) -> ToolReward:
-        """The tool process reward of one rollout."""
+    def tool(
+        self,
+        response_text: str,
+        ground_truth: Mapping[str, Any] | str | Gold,
+        weights: HierRWeights | None = None,
+    ) -> ToolReward:
+        """The tool process reward of one rollout (under ``weights``, default the recipe's)."""
         return tool_process_reward(
             response_text,
             ground_truth,
-            self.weights,
+            self.weights if weights is None else weights,
             self.variant,
             no_call_penalty=self.no_call_penalty,
             normalize_strings=self.normalize_strings,
@@ -129,11 +176,29 @@ class HierRReward:
             raise ValueError(f"{len(responses)} responses for {len(ground_truths)} ground truths")
         golds = _read_all(ground_truths)
         tools = [self.tool(text, gold) for text, gold in zip(responses, golds, strict=True)]
-        # The public reward scores a row that allows no tools 0 without asking the judge.
-        asked = [i for i, g in enumerate(golds) if self.variant == "strict" or g.allowed]
+        hierr = tools
+        if self.logged_weights is not None:  # logged under other weights than R_tool's
+            hierr = [
+                self.tool(text, gold, self.logged_weights)
+                for text, gold in zip(responses, golds, strict=True)
+            ]
+        judge_all = self.no_tool_response == "judge"
+        # The public reward scores a row that allows no tools 0 without asking the judge, and
+        # never asks about a no-call the penalty scores (which the "no tool response -> 0" rule
+        # short-circuits anyway where it is on).
+        asked = [
+            i
+            for i, g in enumerate(golds)
+            if (self.variant == "strict" or g.allowed)
+            and not (judge_all and tools[i].should_no_call)
+        ]
         # The strict variant judges a reply on a row that needs no call even without a tool
-        # response (defect (d)); the paper short-circuits it to 0.
-        need = [golds[i].needs_call for i in asked] if self.variant == "strict" else True
+        # response (defect (d)); the paper short-circuits it to 0, unless no_tool_response=judge.
+        need: list[bool] | bool = True
+        if judge_all:
+            need = False
+        elif self.variant == "strict":
+            need = [golds[i].needs_call for i in asked]
         judged = (
             summary_rewards(
                 [golds[i].question for i in asked],
@@ -141,11 +206,15 @@ class HierRReward:
                 judge,
                 failure=self.judge_failure,
                 require_tool_response=need,
+                view=self.judge_view,
+                prompt=self.judge_prompt,
             )
             if asked
             else []
         )
-        summaries = [NO_TOOLS] * len(golds)
+        summaries = [
+            NO_TOOLS if self.variant == "paper" and not g.allowed else NO_CALL for g in golds
+        ]
         for i, summary in zip(asked, judged, strict=True):
             summaries[i] = summary
         outcomes: list[OutcomeResult | None] = []
@@ -162,10 +231,18 @@ class HierRReward:
             process_weight=self.process_weight,
             summary_weight=self.summary_weight,
         )
-        stats = reward_stats(objective, summaries, scores, hierr=tools) | judge_stats(summaries)
+        stats = reward_stats(objective, summaries, scores, hierr=hierr) | judge_stats(summaries)
         if self.tool_reward == "outcome":
             stats |= outcome_stats(outcomes)
-        return RewardBatch(scores, objective, summaries, stats, tools, outcomes)
+        evaluated = None
+        if hierr is not tools and self.tool_reward == "hierr":  # success@k as the paper reads it
+            evaluated = route_batch(
+                hierr,
+                summaries,
+                process_weight=self.process_weight,
+                summary_weight=self.summary_weight,
+            )
+        return RewardBatch(scores, objective, summaries, stats, hierr, outcomes, evaluated)
 
     def _outcomes(
         self,

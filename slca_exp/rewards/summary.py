@@ -116,6 +116,8 @@ def summary_rewards(
     *,
     failure: FailurePolicy = "absent",
     require_tool_response: Sequence[bool] | bool = True,
+    view: str = "responses",
+    prompt: str | None = None,
 ) -> list[SummaryReward]:
     """Judge a batch of rollouts in one call (the judge batches and caches its requests).
 
@@ -127,6 +129,9 @@ def summary_rewards(
         require_tool_response: per rollout (or for all), whether a reply with no tool response
             short-circuits to 0 (the paper); the strict reward passes False for rows that need no
             call, so a correct no-call reply is judged on its merits.
+        view: what the judge is shown (``reward.judge_view``: ``responses`` | ``interaction``).
+        prompt: the judge's template for this reward (``reward.judge_prompt``); ``None``: the
+            judge's own.
 
     Returns:
         (B,) :class:`SummaryReward`.
@@ -139,7 +144,7 @@ def summary_rewards(
     if isinstance(require_tool_response, bool):
         require_tool_response = [require_tool_response] * len(responses)
     requests = [
-        JudgeRequest(q, r, bool(need))
+        JudgeRequest(q, r, bool(need), view, prompt)
         for q, r, need in zip(questions, responses, require_tool_response, strict=True)
     ]
     return [from_judge(result, failure) for result in judge.score(requests)]
@@ -152,6 +157,8 @@ def summary_reward(
     *,
     failure: FailurePolicy = "absent",
     require_tool_response: bool = True,
+    view: str = "responses",
+    prompt: str | None = None,
 ) -> SummaryReward:
     """Judge one rollout; see :func:`summary_rewards`."""
     return summary_rewards(
@@ -160,4 +167,6 @@ def summary_reward(
         judge,
         failure=failure,
         require_tool_response=require_tool_response,
+        view=view,
+        prompt=prompt,
     )[0]

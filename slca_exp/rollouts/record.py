@@ -103,15 +103,16 @@ class Rewards:
         rating: the judge's 1-5 rating, or None.
         judge_status: ``ok`` | ``short_circuit`` | ``failed``.
         judge_reason: why the judge short-circuited or failed ("" when ok).
-        should_no_call: the row's gold makes no call.
+        should_no_call: the row needed a call and the rollout made none (the penalty is its total).
         routed_tool: the tool score the estimator received (after penalty routing).
         routed_summary: the summary score the estimator received.
         total: the routed total (``process_weight * R_tool + summary_weight * R_sum``, or the
             no-call penalty).
         raw_rating: the judge's own rating where ``judge.noise`` perturbed it (``rating`` and
             ``summary`` are then the perturbed ones); else the same as ``rating``.
-        hierr: the HierR tool process score where R_tool is the outcome verdict (logged only);
-            ``None`` under ``reward.tool_reward=hierr`` (it is ``tool`` then).
+        hierr: the HierR tool process score where it is not R_tool (logged only): under
+            ``reward.tool_reward=outcome``, or weighed by ``reward.logged_weights``; else ``None``
+            (it is ``tool`` then).
         outcome: the outcome judge's verdict (``Solved``, ``Unsolved``, ``Unsure``), or ``None``
             (not asked, failed, or ``reward.tool_reward=hierr``).
 

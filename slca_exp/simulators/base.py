@@ -156,4 +156,20 @@ def check_fields(cfg: Any) -> dict[str, bool]:  # noqa: ANN401
     return {
         "check_required_args": bool(cfg.check_required_args),
         "check_types": bool(cfg.check_types),
+        "schema_guidance": guided(cfg),
     }
+
+
+def guided(cfg: Any) -> bool:  # noqa: ANN401
+    """Whether the simulator is given the called tool's schema (``simulator.schema_guidance``)."""
+    return bool(cfg.schema_guidance)
+
+
+def argument_checks(cfg: Any) -> dict[str, bool]:  # noqa: ANN401
+    """``check_call``'s switches: the required and type checks, both off without guidance.
+
+    A call of a tool the row does not offer is refused either way: the engines offer a rollout
+    only its row's tools.
+    """
+    on = guided(cfg)
+    return {"required": on and bool(cfg.check_required_args), "types": on and bool(cfg.check_types)}

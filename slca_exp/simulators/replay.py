@@ -4,7 +4,8 @@
    the same keys with loosely equal values (HierR's rule, ``rewards.match.loose_equal``) is
    returned as recorded (reason ``recorded``).
 2. Otherwise, when the tool's schema is given, the call is checked against it
-   (``simulators.schema``); a violation is a ``schema_error`` response.
+   (``simulators.schema``; its arguments only under ``simulator.schema_guidance``); a violation
+   is a ``schema_error`` response.
 3. Otherwise a response is derived from the call (reason ``derived``): a JSON result object with
    a few typed fields drawn from a sha256 of the tool name and the canonical JSON of the
    arguments. The same call gives the same bytes in every process and on every machine
@@ -24,7 +25,13 @@ from typing import Any
 from slca_exp.rewards.match import loose_equal
 from slca_exp.rewards.types import ToolCall
 from slca_exp.services.cache import cache_key, canonical_json
-from slca_exp.simulators.base import SimRequest, SimulatorBase, ToolResponse, check_fields
+from slca_exp.simulators.base import (
+    SimRequest,
+    SimulatorBase,
+    ToolResponse,
+    argument_checks,
+    check_fields,
+)
 from slca_exp.simulators.schema import check_call, error_content
 
 REPLAY_VERSION = "replay-v2"
@@ -94,12 +101,7 @@ class ReplaySimulator(SimulatorBase):
                 text = content if isinstance(content, str) else canonical_json(content)
                 return ToolResponse(text, "ok", "recorded")
         if request.schema is not None:
-            errors = check_call(
-                call,
-                request.schema,
-                required=self.cfg.check_required_args,
-                types=self.cfg.check_types,
-            )
+            errors = check_call(call, request.schema, **argument_checks(self.cfg))
             if errors:
                 return ToolResponse(error_content(call, errors), "schema_error", "; ".join(errors))
         return ToolResponse(derived_response(call), "ok", "derived")

@@ -8,6 +8,10 @@ responses of the same tool as format examples, and sent to an OpenAI-compatible 
 paper: Qwen3-235B-A22B-Instruct-2507 at temperature 0.6). Answers go through the persistent cache
 (so a re-run sees the same simulated world); a service failure after retries gives
 ``status="failed"`` and the content ``{"error": "tool unavailable"}``.
+
+``simulator.schema_guidance=false`` is SGLS without its schema guidance (the w/o-SGLS ablation):
+no call's arguments are checked, and the default template (``sgls_no_schema_v1.txt``) shows the
+model only the tool's name and arguments, so it must guess the response's shape.
 """
 
 from __future__ import annotations
@@ -26,12 +30,16 @@ from slca_exp.simulators.base import (
     SimRequest,
     SimulatorBase,
     ToolResponse,
+    argument_checks,
     check_fields,
+    guided,
 )
 from slca_exp.simulators.schema import check_call, error_content
 
 DEFAULT_PROMPT = "sgls_v1.txt"
 """The shipped template used when ``simulator.prompt`` is not set."""
+UNGUIDED_PROMPT = "sgls_no_schema_v1.txt"
+"""The same without the tool's schema: the default when ``simulator.schema_guidance=false``."""
 
 MAX_EXAMPLES = 2
 MAX_EXAMPLE_CHARS = 2000
@@ -72,7 +80,7 @@ class SGLSSimulator(SimulatorBase):
 
     def __init__(self, cfg: Any) -> None:  # noqa: ANN401
         super().__init__(cfg)
-        self.template = PromptTemplate.load(cfg.prompt or DEFAULT_PROMPT, "simulator")
+        self.template = template_of(cfg)
         self.chat = CachedChat(
             ChatClient.from_config(cfg, "simulator"),
             open_cache(cfg.cache, cfg.cache_path),
@@ -108,24 +116,25 @@ class SGLSSimulator(SimulatorBase):
         shown = [
             (e if isinstance(e, str) else canonical_json(e))[:MAX_EXAMPLE_CHARS] for e in examples
         ]
-        prompt = self.template.render(
-            schema=json.dumps(request.schema, ensure_ascii=False, indent=2, default=str),
-            question=request.context.question or "(not given)",
-            examples="\n\n".join(shown) or "(none)",
-            call=canonical_json({"name": call.name, "arguments": call.arguments}),
-        )
+        values = {
+            "question": request.context.question or "(not given)",
+            "examples": "\n\n".join(shown) or "(none)",
+            "call": canonical_json({"name": call.name, "arguments": call.arguments}),
+        }
+        if guided(self.cfg):
+            values["schema"] = json.dumps(request.schema, ensure_ascii=False, indent=2, default=str)
+        prompt = self.template.render(**values)
         return user_request(prompt, self.cfg)
 
     @classmethod
     def describe_config(cls, cfg: Any) -> dict[str, Any]:  # noqa: ANN401
         """Backend, model, prompt version and sha256, decoding and schema-check settings."""
-        template = PromptTemplate.load(cfg.prompt or DEFAULT_PROMPT, "simulator")
-        return served_fields("sgls", cfg, template) | check_fields(cfg)
+        return served_fields("sgls", cfg, template_of(cfg)) | check_fields(cfg)
 
     @classmethod
     def prompt_text(cls, cfg: Any) -> str:  # noqa: ANN401
         """The template file's text."""
-        return PromptTemplate.load(cfg.prompt or DEFAULT_PROMPT, "simulator").text
+        return template_of(cfg).text
 
     def close(self) -> None:
         """Close the HTTP client and the cache (idempotent)."""
@@ -137,12 +146,7 @@ class SGLSSimulator(SimulatorBase):
         results: list[ToolResponse | None] = []
         pending: list[tuple[int, ChatRequest]] = []
         for i, request in enumerate(requests):
-            errors = check_call(
-                request.call,
-                request.schema,
-                required=bool(self.cfg.check_required_args),
-                types=bool(self.cfg.check_types),
-            )
+            errors = check_call(request.call, request.schema, **argument_checks(self.cfg))
             if errors:
                 content = error_content(request.call, errors)
                 results.append(ToolResponse(content, "schema_error", "; ".join(errors)))
@@ -164,6 +168,17 @@ class SGLSSimulator(SimulatorBase):
         for (i, _), answer in zip(pending, answers, strict=True):
             results[i] = _response(answer)
         return self._count([r for r in results if r is not None])
+
+
+def template_of(cfg: Any) -> PromptTemplate:  # noqa: ANN401
+    """The template ``simulator.prompt`` names, else the default for ``schema_guidance``.
+
+    Raises:
+        FileNotFoundError: ``simulator.prompt`` names no template.
+
+    """
+    default = DEFAULT_PROMPT if guided(cfg) else UNGUIDED_PROMPT
+    return PromptTemplate.load(cfg.prompt or default, "simulator")
 
 
 def _response(answer: Answer) -> ToolResponse:

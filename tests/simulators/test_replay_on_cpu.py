@@ -134,3 +134,13 @@ def test_adversarial_calls_never_raise(sim):
 def test_describe():
     d = describe_simulator(SimulatorConfig())
     assert d["backend"] == "replay" and d["model"] is None and d["check_required_args"] is True
+
+
+def test_without_schema_guidance_only_unknown_tools_are_refused():
+    """simulator.schema_guidance=false: arguments are not checked, a tool must still exist."""
+    sim = build_simulator(SimulatorConfig(schema_guidance=False))
+    assert sim.respond(ToolCall("weather", {}), WEATHER).status == "ok"
+    assert sim.respond(ToolCall("weather", {"city": 3}), WEATHER).status == "ok"
+    assert sim.respond(ToolCall("radar", {}), WEATHER).status == "schema_error"
+    guided = build_simulator(SimulatorConfig())
+    assert guided.respond(ToolCall("weather", {}), WEATHER).status == "schema_error"

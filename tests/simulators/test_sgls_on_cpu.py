@@ -151,3 +151,49 @@ def test_adversarial_calls_never_raise(server, tmp_path):
     with build_simulator(config(server, tmp_path, check_types=False)) as sim:
         out = sim.respond_batch([SimRequest(c, WEATHER) for c in calls])
     assert all(r.status in ("ok", "failed", "schema_error") for r in out)
+
+
+def test_without_schema_guidance_the_model_sees_no_schema_and_no_argument_is_refused(
+    server, tmp_path
+):
+    """simulator.schema_guidance=false, the w/o-SGLS ablation: only the name and the arguments.
+
+    The calls the guided simulator refuses for their arguments reach the model; a tool the row
+    does not offer is still refused, as the engines offer a rollout only its row's tools.
+    """
+    server.configure(content='{"temp_c": 21.4}')
+    bad = [ToolCall("weather", {}), ToolCall("weather", {"city": 3}), GOOD]
+    unguided = config(server, tmp_path, schema_guidance=False, prompt="sgls_no_schema_v1.txt")
+    with build_simulator(unguided) as sim:
+        out = sim.respond_batch([SimRequest(c, WEATHER) for c in bad])
+        unknown = sim.respond(ToolCall("radar", {}), WEATHER)
+    assert [r.status for r in out] == ["ok"] * 3
+    assert unknown.status == "schema_error" and len(server.completions) == 3
+    for request in server.completions:
+        prompt = request.json()["messages"][0]["content"]
+        assert "Current weather for a city" not in prompt and '"name":"weather"' in prompt
+        assert "schema" not in prompt
+    described = describe_simulator(unguided)
+    assert described["schema_guidance"] is False
+    assert (
+        described["prompt_sha256"] != describe_simulator(config(server, tmp_path))["prompt_sha256"]
+    )
+    with build_simulator(config(server, tmp_path)) as guided:  # the same calls, guided
+        assert [r.status for r in guided.respond_batch([SimRequest(c, WEATHER) for c in bad])] == [
+            "schema_error",
+            "schema_error",
+            "ok",
+        ]
+
+
+def test_the_no_schema_template_is_the_guided_one_without_its_schema():
+    guided = (PROMPT_DIRS["simulator"] / "sgls_v1.txt").read_text()
+    unguided = (PROMPT_DIRS["simulator"] / "sgls_no_schema_v1.txt").read_text()
+    assert "{{schema}}" not in unguided
+    dropped = "\nThe tool's schema:\n{{schema}}\n"
+    assert (
+        guided.replace(dropped, "")
+        .replace("described", "named")
+        .replace("tool's purpose", "tool's name")
+        == unguided
+    )
