@@ -50,6 +50,8 @@ PERF_STEP_S: Final = "perf/step_s"
 PERF_TOKENS_PER_S: Final = "perf/tokens_per_s"
 PERF_ROLLOUT_LOG_S: Final = "perf/time/rollout_log"
 TRAIN_GRAD_COS: Final = "train/grad_cos"
+TRAIN_GRAD_NORM_TOOL: Final = "train/grad_norm_tool"
+TRAIN_GRAD_NORM_SUMMARY: Final = "train/grad_norm_summary"
 TRAIN_SKIPPED_STEPS: Final = "train/skipped_steps"
 SEGMENT_CUTOFF_FRAC: Final = "segment/cutoff_frac"
 SFT_LOSS: Final = "sft/loss"
@@ -220,8 +222,17 @@ def _catalogue() -> dict[str, str]:
                 "infinite"
             ),
             TRAIN_GRAD_COS: (
-                "cosine between the policy gradients of the tool-token and summary-token losses "
-                "(diagnostic, engine.rl.grad_cos)"
+                "cosine between the policy gradients of the tool-token and summary-token losses, "
+                "on the step's batch before its update; 0 when either gradient is zero, NaN when "
+                "a segment has no token in the batch (diagnostic, engine.rl.grad_cos, both engines)"
+            ),
+            TRAIN_GRAD_NORM_TOOL: (
+                "norm of the policy gradient of the tool-token loss (token-mean over the batch's "
+                "tool tokens), measured with train/grad_cos; 0 without tool tokens"
+            ),
+            TRAIN_GRAD_NORM_SUMMARY: (
+                "norm of the policy gradient of the summary-token loss, measured with "
+                "train/grad_cos; 0 without summary tokens"
             ),
             SFT_LOSS: "SFT cross-entropy on assistant tokens, last step",
             SFT_SKIPPED_BATCHES: (

@@ -3,6 +3,10 @@
 Tool tokens get ``A_global + lambda * A_tool``, summary tokens get ``A_global``. ``A_global`` is
 the GRPO advantage of the total score (verl's rule, singleton groups pass through); ``A_tool`` is a
 presence-filtered normalisation (as in SLCA-GRPO) of a tool-correctness score, e.g. R_tool.
+
+The public SLCA-GRPO code's ToolPO estimator (its patched verl) gives the same advantages for
+the same two scores (``tests/estimators/test_toolpo_public_on_cpu.py``); it feeds it R_succ and
+R_action, we feed it the reward's total and R_tool (``docs/estimators.md``).
 """
 
 from __future__ import annotations

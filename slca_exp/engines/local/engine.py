@@ -378,7 +378,7 @@ class _LocalRun:
         metrics = {names.val(k): v for k, v in scored.stats.items()}
         metrics.update(
             success_stats(
-                [float(x) for x in scored.scores.total.tolist()],
+                scored.success_totals,
                 [t.score for t in scored.hierr],
                 process_weight=self.reward.process_weight,
                 summary_weight=self.reward.summary_weight,

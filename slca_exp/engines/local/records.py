@@ -35,7 +35,7 @@ def batch_view(
             scored.tool[i],
             scored.summary[i],
             (float(scores.tool[i]), float(scores.summary[i]), float(scores.total[i])),
-            hierr=float(scored.hierr[i].score) if outcome else None,
+            hierr=float(scored.hierr[i].score) if scored.hierr[i] is not scored.tool[i] else None,
             outcome=outcome[i].verdict if outcome and outcome[i] is not None else None,
         )
         for i in range(len(rolls))

@@ -17,7 +17,7 @@ import torch
 
 from slca_exp.config.schema import RLConfig
 from slca_exp.core import names
-from slca_exp.engines.local.policy import flat_grad, masked_mean, pg_loss, response_logprobs
+from slca_exp.engines.local.policy import masked_mean, pg_loss, response_logprobs
 from slca_exp.engines.local.rollout import PackedBatch
 from slca_exp.estimators.segments import SegmentSplit, split_segments
 from slca_exp.estimators.types import SegmentAdvantages
@@ -53,9 +53,7 @@ def rl_update(
             ref_logp, _ = response_logprobs(reference, batch, temperature)
     stats: dict[str, float] = {}
     if cfg.grad_cos:
-        stats[names.TRAIN_GRAD_COS] = _grad_cos(
-            model, batch, old_logp, advantages, adv, cfg, temperature
-        )
+        stats.update(grad_conflict(model, batch, old_logp, advantages, adv, cfg, temperature))
     b = batch.input_ids.shape[0]
     losses, kls, entropies, norms = [], [], [], []
     skipped = 0
@@ -126,7 +124,7 @@ def _select(batch: PackedBatch, rows: torch.Tensor) -> PackedBatch:
     )
 
 
-def _grad_cos(
+def grad_conflict(
     model: torch.nn.Module,
     batch: PackedBatch,
     old_logp: torch.Tensor,
@@ -134,17 +132,28 @@ def _grad_cos(
     adv: SegmentAdvantages,
     cfg: RLConfig,
     temperature: float,
-) -> float:
-    """cos(grad_tool, grad_summary), the paper's appendix diagnostic.
+) -> dict[str, float]:
+    """cos(grad_tool, grad_summary) and both norms, the paper's appendix diagnostic.
 
-    The policy-gradient loss restricted to each segment's tokens, one backward pass each on the
-    whole batch. NaN when a segment is absent everywhere.
+    The policy-gradient loss (no KL term) restricted to each segment's tokens, a token-mean over
+    that segment's tokens of the whole batch, one backward pass each, at the weights the update
+    starts from. A segment with no token in the batch gets no pass, norm 0 and a NaN cosine; a
+    segment whose gradient is zero (no token with an advantage) gives a cosine of 0, as
+    ``torch.nn.functional.cosine_similarity`` does. The verl engine measures the same inside
+    verl's actor (``slca_exp.engines.verl.grad_cos``).
+
+    Returns:
+        ``train/grad_cos``, ``train/grad_norm_tool``, ``train/grad_norm_summary``.
+
     """
-    grads = []
-    for seg_mask in (adv.tool_mask, adv.summary_mask):
+    sums = [0.0, 0.0, 0.0]  # <g_tool, g_summary>, |g_tool|^2, |g_summary|^2
+    tool: list[torch.Tensor | None] | None = None
+    passes = 0
+    for index, seg_mask in enumerate((adv.tool_mask, adv.summary_mask)):
         seg = seg_mask.to(advantages.device)
         if not bool(seg.any()):
-            return float("nan")
+            continue
+        passes += 1
         model.zero_grad(set_to_none=True)
         logp, _ = response_logprobs(model, batch, temperature)
         pg_loss(
@@ -155,10 +164,34 @@ def _grad_cos(
             clip_ratio=cfg.clip_ratio,
             clip_ratio_c=cfg.clip_ratio_c,
         ).loss.backward()
-        grads.append(flat_grad(model))
+        grads = [p.grad for p in model.parameters() if p.requires_grad]
+        sums[1 + index] = _dot(grads, grads)
+        if index == 0:  # kept (one parameter at a time) while the summary's is computed
+            tool = [None if g is None else g.detach().clone() for g in grads]
+        elif tool is not None:
+            sums[0] = _dot(tool, grads)
     model.zero_grad(set_to_none=True)
-    cos = torch.nn.functional.cosine_similarity(grads[0], grads[1], dim=0)
-    return float(cos)
+    norms = math.sqrt(sums[1]), math.sqrt(sums[2])
+    cos = math.nan if passes < 2 else sums[0] / max(norms[0] * norms[1], _TINY)
+    return {
+        names.TRAIN_GRAD_COS: cos,
+        names.TRAIN_GRAD_NORM_TOOL: norms[0],
+        names.TRAIN_GRAD_NORM_SUMMARY: norms[1],
+    }
+
+
+_TINY = 1e-30
+"""A zero gradient's cosine is 0 / _TINY = 0."""
+
+
+def _dot(a: Sequence[torch.Tensor | None], b: Sequence[torch.Tensor | None]) -> float:
+    """sum_i <a_i, b_i> over parameters, in float64 (a missing gradient counts as 0)."""
+    parts = [
+        torch.sum(x.double() * y.double())
+        for x, y in zip(a, b, strict=True)
+        if x is not None and y is not None
+    ]
+    return float(torch.stack(parts).sum()) if parts else 0.0
 
 
 def segments(

@@ -27,6 +27,8 @@ What verl's processes load (the worker side):
 - ``estimators.py``: ``slca_grpo`` and ``toolpo_grpo`` in verl's advantage-estimator registry.
 - ``scores.py``: each segment's score read off verl's token-level rewards.
 - ``trainer.py``: ``slca_sync``, verl's synchronous trainer plus our per-segment metrics.
+- ``grad_cos.py``: ``engine.rl.grad_cos`` in verl's actor: its worker, with the training worker
+  that measures the gradient conflict before each update.
 - ``reward_infos.py``: the reward side's rows as the trainer reads them: flags, scores, metrics.
 - ``rewards.py``: ``SLCARewardManager`` (HierR and the judge per trajectory) and the reward
   metrics rebuilt from what it wrote.

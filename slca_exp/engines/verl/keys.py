@@ -13,6 +13,8 @@ ROLLOUT, TURNS = "actor_rollout_ref.rollout.", "actor_rollout_ref.rollout.multi_
 
 OUR_KEY = "slca_exp"
 """Top-level section with our reward, judge and simulator configs (read by the reward manager)."""
+GRAD_COS_KEY = f"{OUR_KEY}.grad_cos"
+"""``engine.rl.grad_cos``: verl's actor measures the gradient conflict (``grad_cos.py``)."""
 PARAMS_KEY = "algorithm.slca"
 """Our estimator hyper-parameters (``EstimatorParams`` fields, and ``mask_rule``)."""
 ENV_VARS_KEY = "ray_kwargs.ray_init.runtime_env.env_vars"

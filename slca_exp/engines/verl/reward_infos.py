@@ -20,8 +20,9 @@ from slca_exp.engines.verl.rewards import (
     TOOL_FAILED_KEY,
     TOOL_KEY,
     TOTAL_KEY,
+    hierr_score,
     reward_metrics,
-    scored_totals,
+    success_totals,
 )
 from slca_exp.estimators import RolloutScores
 from slca_exp.rewards.routing import success_stats
@@ -76,13 +77,15 @@ def validation_metrics(
 
     The local engine's validation metrics: ``val/reward/*``, ``val/judge/*``,
     ``val/outcome/*`` and the paper's ``val/success@k`` and ``val/tool_success@k``
-    (``slca_exp.rewards.routing.success_stats``); ``{}`` when no row carries our keys.
+    (``slca_exp.rewards.routing.success_stats``); ``{}`` when no row carries our keys. Each
+    success metric is the mean of its per-rollout flag (``rewards.success_flags``), which verl's
+    validation aggregates as ``val-aux/<source>/slca/success@k/mean@1``.
     """
     rows = [info for info in infos if info and TOOL_KEY in info]
     if not rows:
         return {}
-    totals = scored_totals(rows)
-    hierr = [float(i.get("slca/tool/hierr", i["slca/tool/score"])) for i in rows]
+    totals = success_totals(rows)
+    hierr = [hierr_score(i) for i in rows]
     metrics = {names.val(k): v for k, v in reward_metrics(rows).items()}
     weights = {"process_weight": process_weight, "summary_weight": summary_weight}
     return metrics | success_stats(totals, hierr, **weights)

@@ -33,7 +33,10 @@ A judge failure under ``reward.judge_failure=absent`` cannot be told apart from 
 trainer tells our estimators to leave that summary out of its group's normalisation, as the local
 engine does (verl's own ``grpo`` reads a total of 0 for that rollout and cannot leave it out).
 Every value the ``reward/*`` and ``judge/*`` metrics need travels in ``reward_extra_info`` too,
-one scalar per key (:func:`reward_metrics` rebuilds the metrics from them in the trainer).
+one scalar per key (:func:`reward_metrics` rebuilds the metrics from them in the trainer). So
+does each rollout's 0/1 share of the paper's success@k (:func:`success_flags`): verl's validation
+means them per data source (``val-aux/<source>/slca/success@k/mean@1``), the very numbers our
+``val/success@k`` and ``val/tool_success@k`` are.
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ from typing import Any
 import torch
 from omegaconf import OmegaConf
 
+from slca_exp.core import names
 from slca_exp.core.rows import Row
 from slca_exp.engines.verl.keys import OUR_KEY
 from slca_exp.rewards.toolcalls import ends_on_tool_call
@@ -60,6 +64,8 @@ ENDS_ON_TOOL_KEY = "slca/ends_on_tool"
 """1 when the rollout's last assistant turn is an unanswered tool call (cut off)."""
 NO_SUMMARY_KEY = "slca/no_summary"
 """1 when the rollout has no summary segment: it ends on a tool call and mask_rule=corrected."""
+SUCCESS_TOTAL_KEY = "slca/success_total"
+"""The total under ``reward.logged_weights`` (success@k reads it), where they are set."""
 
 try:  # verl is an extra: the pure functions below work without it
     from verl.experimental.reward_loop.reward_manager.base import RewardManagerBase as _RMBase
@@ -136,10 +142,18 @@ class SLCARewardManager(_RMBase):  # type: ignore[misc, valid-type]
                 [text], [truth], self.judge, outcome=self.outcome, recorded=recorded
             ),
         )
-        return _result(scored, ends_on_tool_call(text), corrected=self.corrected)
+        return _result(
+            scored, ends_on_tool_call(text), corrected=self.corrected, reward=self.reward
+        )
 
 
-def _result(scored: Any, ends_on_tool: bool, *, corrected: bool) -> dict[str, Any]:  # noqa: ANN401
+def _result(
+    scored: Any,  # noqa: ANN401 - a RewardBatch of one
+    ends_on_tool: bool,
+    *,
+    corrected: bool,
+    reward: Any,  # noqa: ANN401 - the HierRReward that scored it (its weights)
+) -> dict[str, Any]:
     """The reward result verl keeps for one rollout (from a ``RewardBatch`` of one)."""
     tool = float(scored.scores.tool[0])
     summary = float(scored.scores.summary[0])
@@ -178,6 +192,10 @@ def _result(scored: Any, ends_on_tool: bool, *, corrected: bool) -> dict[str, An
                 "slca/outcome/latency_ms": 0.0 if decided is None else float(decided.latency_ms),
             }
         )
+    if scored.evaluated is not None:  # reward.logged_weights: success@k under them
+        info[SUCCESS_TOTAL_KEY] = float(scored.evaluated.total[0])
+    weights = {"process_weight": reward.process_weight, "summary_weight": reward.summary_weight}
+    info.update(success_flags(info, **weights))
     return {"reward_score": _finite(total), "reward_extra_info": info}
 
 
@@ -249,6 +267,49 @@ def scored_totals(rows: Sequence[Mapping[str, Any]]) -> list[float]:
     ]
 
 
+def success_totals(rows: Sequence[Mapping[str, Any]]) -> list[float]:
+    """Each row's total as success@k reads it.
+
+    :func:`scored_totals`, or the total under ``reward.logged_weights`` where the reward side
+    recorded one (:data:`SUCCESS_TOTAL_KEY`).
+    """
+    return [
+        float(r[SUCCESS_TOTAL_KEY]) if SUCCESS_TOTAL_KEY in r else total
+        for r, total in zip(rows, scored_totals(rows), strict=True)
+    ]
+
+
+def hierr_score(info: Mapping[str, Any]) -> float:
+    """A row's HierR tool process score (R_tool itself where no outcome judge replaced it)."""
+    return float(info.get("slca/tool/hierr", info["slca/tool/score"]))
+
+
+def success_key(name: str) -> str:
+    """The ``reward_extra_info`` key of one rollout's share of ``val/success@k`` (or tool_...).
+
+    >>> success_key("val/success@0.9"), success_key("val/tool_success@1.0")
+    ('slca/success@0.9', 'slca/tool_success@1.0')
+
+    """
+    return "slca/" + name.removeprefix(names.VAL_PREFIX)
+
+
+def success_flags(
+    info: Mapping[str, Any], *, process_weight: float = 1.0, summary_weight: float = 1.0
+) -> dict[str, int]:
+    """One rollout's 0/1 of each ``val/success@k`` and ``val/tool_success@k`` (:func:`success_key`).
+
+    ``slca_exp.rewards.routing.success_stats`` of a batch of this one row, so that the mean of a
+    flag over a validation pass is that metric: a rollout with an absent segment (its total is
+    NaN, :func:`scored_totals`) is no success, and still counts in the mean.
+    """
+    from slca_exp.rewards.routing import success_stats
+
+    weights = {"process_weight": process_weight, "summary_weight": summary_weight}
+    stats = success_stats(success_totals([info]), [hierr_score(info)], **weights)
+    return {success_key(name): int(value) for name, value in stats.items()}
+
+
 def tool_rewards(rows: Sequence[Mapping[str, Any]]) -> tuple[list[Any], list[Any]]:
     """Each row's R_tool and its HierR tool process reward, as ``ToolReward`` objects."""
     from slca_exp.rewards.hierr import COMPONENTS, ToolReward
@@ -259,7 +320,7 @@ def tool_rewards(rows: Sequence[Mapping[str, Any]]) -> tuple[list[Any], list[Any
         no_call = int(r["slca/tool/should_no_call"])
         score = float(r["slca/tool/score"])
         tools.append(ToolReward(score=score, components=components, should_no_call=no_call))
-        matched = float(r.get("slca/tool/hierr", score))
+        matched = hierr_score(r)
         hierr.append(ToolReward(score=matched, components=components, should_no_call=no_call))
     return tools, hierr
 

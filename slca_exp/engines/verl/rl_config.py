@@ -40,6 +40,7 @@ from slca_exp.engines.verl.keys import (
     CONFIG_FILE,
     DATA_DIR,
     ENV_VARS_KEY,
+    GRAD_COS_KEY,
     OUR_KEY,
     PARAMS_KEY,
     REF,
@@ -122,6 +123,7 @@ SOURCES: dict[str, str] = {
     "algorithm.norm_adv_by_std_in_grpo": "algorithm.norm_by_std",
     PARAMS_KEY: "algorithm.* and engine.verl.mask_rule",
     PARAMS_KEY + ".mask_rule": "engine.verl.mask_rule",
+    GRAD_COS_KEY: "engine.rl.grad_cos",
     "trainer.logger": "tracking.backends",
     "trainer.project_name": "tracking.wandb_project, else experiment_name",
     "trainer.experiment_name": "run_name",
@@ -201,6 +203,9 @@ def verl_values(config: RunConfig, recipe: Recipe | None = None) -> dict[str, An
                 "data": {"train": train, "val": val},
                 "dump_dir": str(folder / BATCHES_DIR) if v.dump_batches else None,
                 "rollouts": rollout_section(config, recipe),
+                # the gradient-conflict diagnostic, read by our trainer (grad_cos.py): the one
+                # engine.rl key verl reads, so that the switch is the same on both engines
+                "grad_cos": config.engine.rl.grad_cos,
             },
             "data.train_files": str(folder / DATA_DIR / "train.parquet") if train else None,
             "data.val_files": str(folder / DATA_DIR / "val.parquet") if val else None,

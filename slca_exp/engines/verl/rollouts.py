@@ -76,8 +76,11 @@ def rewards_from_info(info: Mapping[str, Any]) -> Rewards:
     rating = int(info.get("slca/judge/rating", -1))
     raw_rating = int(info.get("slca/judge/raw_rating", rating))
     outcome = OUTCOME_KEY in info
+    tool, hierr = float(info.get("slca/tool/score", math.nan)), info.get("slca/tool/hierr")
+    logged_apart = hierr is not None and hierr != tool  # reward.logged_weights weigh it otherwise
+    hierr = math.nan if hierr is None else float(hierr)
     return Rewards(
-        tool=float(info.get("slca/tool/score", math.nan)),
+        tool=tool,
         components={part: float(info.get(f"slca/tool/{part}", math.nan)) for part in COMPONENTS},
         summary=float(info.get("slca/judge/score", math.nan)),
         rating=None if rating < 0 else rating,
@@ -88,7 +91,7 @@ def rewards_from_info(info: Mapping[str, Any]) -> Rewards:
         routed_summary=math.nan if failed else float(info.get(SUMMARY_KEY, math.nan)),
         total=math.nan if failed or no_tool else float(info.get(TOTAL_KEY, math.nan)),
         raw_rating=None if raw_rating < 0 else raw_rating,
-        hierr=float(info.get("slca/tool/hierr", math.nan)) if outcome else None,
+        hierr=hierr if outcome or logged_apart else None,
         outcome=verdict_of(info) if outcome else None,
     )
 

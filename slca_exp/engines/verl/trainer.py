@@ -23,6 +23,9 @@ overrides one step of the training loop, ``_compute_advantage``, and calls verl'
     -> with ``engine.verl.dump_batches``: the step's batch as the actor receives it
        (advantages, masks, scores; :func:`dump_batch`) in ``<run folder>/verl/batches``.
 
+With ``engine.rl.grad_cos`` the actor's worker also measures the gradient conflict at every
+update (``grad_cos.py``), and the actor's values are logged under our ``train/*`` names.
+
 It also stops for a requeue and resumes without logging a step twice (``stopping.py``): verl's
 step hooks check the driver's stop request (``on_step_end`` saves a verl checkpoint of the
 step, ``on_step_begin`` of the next one stops once a checkpoint covers every logged step), a
@@ -44,7 +47,7 @@ from omegaconf import OmegaConf
 from verl.trainer.ppo.v1 import PPOTrainerSync, get_trainer_cls, register_trainer
 
 from slca_exp.core import names
-from slca_exp.engines.verl import reward_infos
+from slca_exp.engines.verl import grad_cos, reward_infos
 from slca_exp.engines.verl.estimators import NAMES, advantage_stats, mask_rule, segment_call
 from slca_exp.engines.verl.keys import OUR_KEY
 from slca_exp.engines.verl.rewards import batch_infos
@@ -172,6 +175,18 @@ class SLCATrainer(PPOTrainerSync):
 
     def _checkpoint_dir(self, step: int) -> str:
         return str(Path(self.config.trainer.default_local_dir) / f"global_step_{step}")
+
+    # -- the actor: verl's, measuring the gradient conflict with engine.rl.grad_cos -----------
+
+    def _init_resource_pool_mgr(self) -> None:
+        super()._init_resource_pool_mgr()
+        if grad_cos.enabled(self.config):
+            grad_cos.use_measuring_worker(self.role_worker_mapping)
+
+    def _update_actor(self, batch: Any, metrics: dict) -> Any:  # noqa: ANN401 - KVBatchMeta
+        batch = super()._update_actor(batch, metrics=metrics)
+        metrics.update(grad_cos.our_metrics(metrics))
+        return batch
 
     # -- the advantage step -----------------------------------------------------------------
 

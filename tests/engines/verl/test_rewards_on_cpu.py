@@ -18,9 +18,11 @@ pytestmark = pytest.mark.verl
 from omegaconf import OmegaConf  # noqa: E402
 from verl import DataProto  # noqa: E402
 from verl.experimental.agent_loop.agent_loop import AgentLoopMetrics, AgentLoopOutput  # noqa: E402
+from verl.trainer.ppo.metric_utils import process_validation_metrics  # noqa: E402
 
 from slca_exp.backbones.chat import render_text, tokenize_trajectory  # noqa: E402
 from slca_exp.backbones.tiny import train_tokenizer  # noqa: E402
+from slca_exp.core import names  # noqa: E402
 from slca_exp.data.rows import gold_messages  # noqa: E402
 from slca_exp.data.synthetic import build_rows  # noqa: E402
 from slca_exp.engines.verl.agent_loop import (  # noqa: E402
@@ -30,16 +32,20 @@ from slca_exp.engines.verl.agent_loop import (  # noqa: E402
 )
 from slca_exp.engines.verl.estimators import segment_scores  # noqa: E402
 from slca_exp.engines.verl.keys import OUR_KEY  # noqa: E402
+from slca_exp.engines.verl.reward_infos import validation_metrics  # noqa: E402
 from slca_exp.engines.verl.rewards import (  # noqa: E402
+    SUMMARY_FAILED_KEY,
     SUMMARY_KEY,
     TOOL_KEY,
     TOTAL_KEY,
     SLCARewardManager,
     place_segment_scores,
+    success_key,
 )
 from slca_exp.engines.verl.rl_config import our_section  # noqa: E402
 from slca_exp.preflight.compose import compose_run  # noqa: E402
 from slca_exp.preflight.validate import validate  # noqa: E402
+from slca_exp.rewards.judging import JudgeResult  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -242,3 +248,85 @@ def test_the_outcome_reward_through_verls_reward_manager(tokenizer, manager, row
         ) / len(every)
     totals = [i[TOTAL_KEY] for i in infos]  # the absent one is no success
     assert val["val/success@0.9"] == sum(t / 2 >= 0.9 - 1e-9 for t in totals) / len(every)
+
+
+class FailsEveryThird:
+    """The recipe's judge, but every third request it is asked fails (an outage, never rated)."""
+
+    def __init__(self, judge):
+        self.judge, self.asked = judge, 0
+
+    def score(self, batch):
+        results = self.judge.score(batch)
+        for i in range(len(results)):
+            self.asked += 1
+            if self.asked % 3 == 0:
+                results[i] = JudgeResult.failed("outage")
+        return results
+
+
+def test_verls_mean_of_each_rollouts_success_flags_is_our_val_success_at_k(tokenizer, rows):
+    """Each ``slca/success@k`` flag, meaned by verl's own validation code, is ``val/success@k``.
+
+    The rollouts: each row's gold trajectory, and the next row's under this row's ground truth
+    (wrong calls: low HierR scores); every third summary is absent (a judge failure, still a
+    rollout that counts and never a success). ``reward.summary_weight=0.5`` normalises the
+    totals by 1.5. Flags are 0/1, so both means are k/N, exactly.
+    """
+    config = validate(compose_run(["reward.summary_weight=0.5"]))
+    manager = SLCARewardManager(OmegaConf.create({OUR_KEY: our_section(config)}), tokenizer)
+    manager.judge = FailsEveryThird(manager.judge)
+    infos = []
+    for row, other in zip(rows, [*rows[1:], rows[0]], strict=True):
+        for source in (row, other):
+            prompt, response, _ = rollout(tokenizer, source)
+            infos.append(score(manager, prompt, response, row)["reward_extra_info"])
+    absent = [bool(i[SUMMARY_FAILED_KEY]) for i in infos]
+    assert 0 < sum(absent) < len(infos)
+    ours = validation_metrics(infos, process_weight=1.0, summary_weight=0.5)
+    # verl's validation: one data source, one sample per prompt (val_kwargs.n=1)
+    columns = {key: [info[key] for info in infos] for key in infos[0]}
+    theirs = process_validation_metrics(
+        ["synthetic"] * len(infos), [str(i) for i in range(len(infos))], columns
+    )["synthetic"]
+    between = []
+    for k in names.SUCCESS_THRESHOLDS:
+        for name in (names.val_success(k), names.val_tool_success(k)):
+            flags = columns[success_key(name)]
+            assert set(flags) <= {0, 1}, name
+            assert theirs[success_key(name)]["mean@1"] == ours[name], name
+            between += [name] if 0 < ours[name] < 1 else []
+        # an absent summary is no success, whatever the rest of its total
+        succeeded = columns[success_key(names.val_success(k))]
+        assert not any(f for f, a in zip(succeeded, absent, strict=True) if a), k
+    assert names.val_success(0.9) in between and names.val_tool_success(0.9) in between, ours
+
+
+def test_ablation_no_hierr_flags_success_as_the_full_v82_reward_does(tokenizer, rows):
+    """ablation=no_hierr on verl's reward side: R_tool 0, success@k and HierR the paper's.
+
+    The same rollouts, the same judge answers (every third fails), scored under the ablation
+    and under the full v8.2 preset: every success flag and every logged HierR score agree,
+    rollout by rollout, while the ablation's routed tool score is 0 (or the no-call penalty).
+    """
+    infos = {}
+    for recipe in (["ablation=no_hierr"], ["reward=hierr_v82"]):
+        config = validate(compose_run(recipe))
+        manager = SLCARewardManager(OmegaConf.create({OUR_KEY: our_section(config)}), tokenizer)
+        manager.judge = FailsEveryThird(manager.judge)
+        infos[recipe[0]] = [
+            score(manager, *rollout(tokenizer, source)[:2], row)["reward_extra_info"]
+            for row, other in zip(rows, [*rows[1:], rows[0]], strict=True)
+            for source in (row, other)
+        ]
+    ablated, full = infos["ablation=no_hierr"], infos["reward=hierr_v82"]
+    flags = [
+        success_key(n)
+        for k in names.SUCCESS_THRESHOLDS
+        for n in (names.val_success(k), names.val_tool_success(k))
+    ]
+    for a, f in zip(ablated, full, strict=True):
+        assert [a[key] for key in flags] == [f[key] for key in flags]
+        assert a["slca/tool/hierr"] == f["slca/tool/score"]
+        assert a["slca/tool/score"] in (0.0, -0.5)
+    assert any(f[success_key(names.val_success(0.7))] for f in full)  # not all 0

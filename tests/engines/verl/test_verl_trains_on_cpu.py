@@ -23,7 +23,8 @@ decoded without special tokens).
 A second, shorter run is the control of the learning checks (:func:`flipped_run`): the same
 recipe from the SFT's weights (no SFT stage of its own), :data:`FLIPPED_STEPS` steps, with every
 advantage's sign flipped inside verl's estimator; its updates must move the log-probabilities
-the other way. The two runs
+the other way. Its actor also measures the gradient conflict at every update
+(``engine.rl.grad_cos``). The two runs
 and the checks that reread their checkpoints take about 7 minutes on an idle 2-core host
 (4:20 and 1:50 for the runs, verl's start-ups included; the fixtures print them), plus the
 ``tool_caller`` checkpoint the engine tests share.
@@ -331,6 +332,11 @@ def flipped_run(verl_run, tool_caller, tmp_path_factory):
         "engine.sft.enabled=false",
         f"backbone.path={sft_weights(verl_run)}",  # where the shared run's RL stage started
         f"engine.verl.test_freq={FLIPPED_STEPS}",  # one validation, after its last step
+        # success@k normalises the total by w_process + w_summary: with 0.25, a rollout whose
+        # tool calls are right passes k = 0.7 whatever its reply's rating (measured with 1.0: no
+        # rollout passed any k). SLCA-GRPO's advantages read the two scores, not the total.
+        "reward.summary_weight=0.25",
+        "engine.rl.grad_cos=true",  # the diagnostic's two extra passes, at every update
     ]
     run = train(tmp_path_factory.mktemp("verl-flipped"), services, args)
     print(f"\nflipped verl run: {run.wall_s:.0f} s wall for {FLIPPED_STEPS} steps")
@@ -742,23 +748,38 @@ def test_verls_validation_logs_our_val_metrics_from_the_same_rollouts(flipped_ru
     """verl's validation pass logs the local engine's ``val/*`` names, success@k included.
 
     Each equals what verl itself aggregates from the same rollouts' reward info (its
-    ``val-aux/<source>/slca/...`` means), up to the order the floats are summed in.
+    ``val-aux/<source>/slca/...`` means of one data source): the reward means up to the order
+    the floats are summed in; ``val/success@k`` and ``val/tool_success@k``, for every k, exactly
+    (the mean of each rollout's 0/1 flag, k/N both ways). At k = 0.7 neither is 0 or 1 (the
+    control's ``reward.summary_weight``): a flag or a count that differed from ours would show.
+    Measured in two runs, over its 16 validation rollouts: success@0.7 0.25 and 0.19,
+    tool_success@0.7 0.31 and 0.19; success@0.9 and @1.0 were 0 in both.
     """
+    from slca_exp.core import names
+    from slca_exp.engines.verl.rewards import success_key
+    from slca_exp.tracking.mlflow import mlflow_key
+
     metrics = flipped_run.client.get_run(flipped_run.run_id).data.metrics
-    theirs = {
-        k.split("/slca/", 1)[1]: v
-        for k, v in metrics.items()
-        if k.startswith("val-aux/") and "/slca/" in k
-    }
+
+    def verls(key: str) -> float:
+        """verl's ``mean@1`` of a reward-info key over the validation rollouts."""
+        tail = "/" + mlflow_key(f"{key}/mean@1")
+        (value,) = [v for k, v in metrics.items() if k.startswith("val-aux/") and k.endswith(tail)]
+        return value
+
     assert metrics["val/reward/tool/hierr/mean"] == pytest.approx(
-        theirs["tool/hierr/mean_at_1"], rel=1e-12
+        verls("slca/tool/hierr"), rel=1e-12
     )
-    assert metrics["val/reward/tool/mean"] == pytest.approx(
-        theirs["tool/score/mean_at_1"], rel=1e-12
-    )
-    for k in ("0.7", "0.8", "0.9", "1.0"):
-        assert 0.0 <= metrics[f"val/success_at_{k}"] <= metrics["val/success_at_0.7"] <= 1.0
-        assert 0.0 <= metrics[f"val/tool_success_at_{k}"] <= 1.0
+    assert metrics["val/reward/tool/mean"] == pytest.approx(verls("slca/tool/score"), rel=1e-12)
+    ours = {}
+    for k in names.SUCCESS_THRESHOLDS:
+        for name in (names.val_success(k), names.val_tool_success(k)):
+            ours[name] = metrics[mlflow_key(name)]
+            assert ours[name] == verls(success_key(name)), (name, metrics)
+        assert ours[names.val_success(k)] <= ours[names.val_success(0.7)]
+    print(f"\nvalidation success@k: {ours}")
+    assert 0.0 < ours[names.val_success(0.7)] < 1.0, ours
+    assert 0.0 < ours[names.val_tool_success(0.7)] < 1.0, ours
     steps = [
         m.step
         for m in flipped_run.client.get_metric_history(flipped_run.run_id, "val/success_at_0.9")
@@ -802,6 +823,40 @@ def test_judge_failures_are_absent_summaries_counted_and_the_run_goes_on(verl_ru
     fates = {fate for s in steps for _, fate in s}
     assert {"500", "hang"} <= fates  # both kinds happened, to a few requests (2 in 16)
     assert 0 < sum(failures.values()) < STEPS * ROLLOUTS // 4
+
+
+def test_the_gradient_conflict_is_logged_at_every_update_of_the_control_run(verl_run, flipped_run):
+    """``engine.rl.grad_cos``: verl's actor measured it at every step, logged under our names.
+
+    A segment's gradient norm is 0 exactly when none of its tokens had a non-zero advantage in
+    the batch the actor received; the cosine is NaN when a segment has no token at all, else in
+    [-1, 1] (0 for a zero gradient). The shared run, which leaves the switch off, logs none of it.
+    """
+    steps = list(range(1, FLIPPED_STEPS + 1))
+    cos = flipped_run.metric("train/grad_cos")
+    norms = {seg: flipped_run.metric(f"train/grad_norm_{seg}") for seg in ("tool", "summary")}
+    assert sorted(cos) == steps and all(sorted(n) == steps for n in norms.values())
+    for step in steps:
+        split = split_segments(flipped_run.batch(step)["response_mask"])
+        advantages = flipped_run.batch(step)["advantages"]
+        for seg, mask in (("tool", split.tool_mask), ("summary", split.summary_mask)):
+            moved = bool(advantages[mask].any())
+            assert math.isfinite(norms[seg][step]) and (norms[seg][step] > 0) == moved, seg
+        both = bool(split.tool_mask.any()) and bool(split.summary_mask.any())
+        assert -1.0 <= cos[step] <= 1.0 if both else math.isnan(cos[step]), step
+    assert any(math.isfinite(c) for c in cos.values())
+    metrics = flipped_run.client.get_run(flipped_run.run_id).data.metrics
+    assert not [k for k in metrics if k.startswith("actor/slca_")]  # logged under ours only
+    assert verl_run.metric("train/grad_cos") == {}  # off unless asked for
+    timing = {
+        name: sorted(run.metric("timing_s/update_actor").values())
+        for name, run in (("without", verl_run), ("with", flipped_run))
+    }
+    median = {name: values[len(values) // 2] for name, values in timing.items()}
+    print(
+        f"grad_cos: {cos}\nnorms: {norms}\nactor update, median s: {median} "
+        f"(ratio {median['with'] / median['without']:.2f})"
+    )
 
 
 def test_every_step_counts_its_judge_and_simulator_requests_and_none_was_an_outage(verl_run):
