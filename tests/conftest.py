@@ -26,6 +26,7 @@ T = TypeVar("T")
 for _variable in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_variable, "1")
 
+
 @pytest.fixture(autouse=True)
 def _root_logging_restored():
     """The root logger's level and its handlers' levels as they were before the test.
@@ -60,6 +61,8 @@ LONGEST_FIRST = (
     "tests/launch/test_serve_slurm.py",
     "tests/evaluation/test_eval_vllm_on_cpu.py",
     "tests/engines/verl/test_plugin_on_cpu.py",
+    "tests/engines/verl/test_public_launchers_on_cpu.py",
+    "tests/engines/verl/test_grad_cosine_on_cpu.py",
     "tests/engines/test_sweep_compare_on_cpu.py",
     "tests/tracking/test_mlflow_server_on_cpu.py",
     "tests/test_compare_on_cpu.py",

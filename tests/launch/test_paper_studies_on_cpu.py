@@ -20,20 +20,16 @@ STUDIES = {
     # study -> (jobs, the swept values each job has, what its comment says it mirrors)
     "paper_main": (9, ["algorithm=grpo", "algorithm=toolpo_grpo", "algorithm=slca_grpo"], "main"),
     "paper_ablations": (
-        18,
-        [
-            f"ablation={a}"
-            for a in (
-                "full",
-                "no_slca",
-                "no_sgls",
-                "names_format_only",
-                "outcome_only",
-                "no_parallel",
-            )
-        ],
+        12,
+        [f"ablation={a}" for a in ("full", "no_slca", "no_sgls", "no_hierr")],
         "ablation",
     ),
+    "paper_hierr_sensitivity": (
+        12,
+        [f"hierr_weights={w}" for w in ("default", "uniform", "name_heavy", "value_heavy")],
+        "sensitivity",
+    ),
+    "paper_grad_cosine": (2, ["algorithm=grpo", "algorithm=slca_grpo"], "gradient-conflict"),
     "exec_control": (12, ["reward=hierr_paper", "reward=exec_outcome"], "execution-reward"),
 }
 SUBMITTED = ["launcher=slurm_gpu_4node", "launcher.partition=null", "--offline"]
@@ -72,16 +68,23 @@ def test_the_dry_run_validates_and_prints_every_job_on_the_papers_recipe(
     assert f"--array=0-{jobs - 1}%" in out
     written = sorted(here.rglob("ppo_trainer.yaml"))
     assert len(written) == jobs
+    sections = [OmegaConf.load(p).slca_exp for p in written]
     if study == "exec_control":  # the reward workers get the outcome reward and its judge
-        sections = [OmegaConf.load(p).slca_exp.reward for p in written]
-        tool_rewards = sorted(s.tool_reward for s in sections)
+        tool_rewards = sorted(s.reward.tool_reward for s in sections)
         assert tool_rewards == ["hierr"] * 6 + ["outcome"] * 6
+    if study == "paper_ablations":  # the ablations score with v8.2, the full method as published
+        assert sorted(s.reward.name for s in sections) == ["hierr_paper"] * 3 + ["hierr_v82"] * 9
+        guided = sorted(s.simulator.schema_guidance for s in sections)
+        assert guided == [False] * 3 + [True] * 9
+    if study == "paper_grad_cosine":  # the diagnostic reaches verl's workers
+        assert all(s.grad_cos for s in sections)
 
 
-@pytest.mark.parametrize("study", ["paper_main", "paper_ablations"])
+@pytest.mark.parametrize("study", ["paper_main", "paper_ablations", "paper_grad_cosine"])
 def test_the_dry_run_at_smoke_scale_validates_every_job(study, here, capsys):
     jobs = STUDIES[study][0]
-    assert main(["train", "--dry-run", "-m", f"sweep={study}", "experiment=smoke"]) == 0
+    tiny = ["backbone=tiny"] if study == "paper_grad_cosine" else []
+    assert main(["train", "--dry-run", "-m", f"sweep={study}", "experiment=smoke", *tiny]) == 0
     out = capsys.readouterr().out
     printed = [x for x in out.splitlines() if x.strip()[:1] == "#" and "experiment=smoke" in x]
     assert len(printed) == jobs
@@ -93,3 +96,23 @@ def test_each_study_says_what_it_mirrors_and_what_it_expects(study):
     assert "the paper's" in head.lower() and STUDIES[study][2] in head
     assert set(study_notes(study)) == {"question", "design", "expected"}
     assert "experiment=paper_7b" in study_overrides(study)
+
+
+def test_the_cross_scale_study_is_the_ablation_table_on_each_paper_backbone(here, capsys):
+    """tab:full_ablation: paper_ablations' rows and seeds on the three backbones the paper trains.
+
+    Each of its 36 jobs is the ablation study's job with one more override; their verl configs are
+    checked by the ablation study's dry run above, so here the grid is read and one backbone's
+    jobs are dry-run at smoke scale on the tiny backbone (the paper's weights are not here).
+    """
+    ablations = study_overrides("paper_ablations")
+    cross = study_overrides("paper_cross_scale")
+    backbones = [o for o in cross if o.startswith("backbone=")]
+    assert [o for o in cross if o not in backbones] == ablations
+    assert backbones == ["backbone=qwen2.5-3b-instruct,qwen2.5-7b-instruct,qwen3-8b-base"]
+    for name in backbones[0].removeprefix("backbone=").split(","):
+        assert (CONFIG_DIR / "backbone" / f"{name}.yaml").is_file()
+    given = ["train", "--dry-run", "-m", "sweep=paper_cross_scale", "experiment=smoke"]
+    assert main([*given, "backbone=tiny"]) == 0
+    out = capsys.readouterr().out
+    assert sum(x.strip()[:1] == "#" and "backbone=tiny" in x for x in out.splitlines()) == 12

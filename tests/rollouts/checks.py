@@ -63,7 +63,10 @@ def check_run_rollouts(client: MlflowClient, run_id: str, into: Path) -> dict[st
         for name in SEGMENT_NUMBERS:
             assert isinstance(root.attributes[name], (int, float)), (name, root.attributes)
         judged = root.attributes["slca.judge.status"] != "failed"
-        assert ("slca.reward.total" in root.attributes) == judged, root.attributes
+        # a penalised no-call's total is the penalty, whatever its judge did (its reply is judged
+        # when it writes a <tool_response> block of its own, and that request can fail)
+        penalised = bool(root.attributes["slca.should_no_call"])
+        assert ("slca.reward.total" in root.attributes) == (judged or penalised), root.attributes
         assert ("slca.reward.rating" in root.attributes) == (
             root.attributes["slca.judge.status"] == "ok"
         ), root.attributes

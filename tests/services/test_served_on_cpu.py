@@ -52,6 +52,15 @@ def paper_service(name: str) -> ServiceDefinition:
 
 
 def test_the_paper_services_vllm_command_lines_flag_by_flag():
+    """The public code's serve scripts at commit 68539c5, value by value.
+
+    rl/judge/serve_llm_judge_gpt_oss.sh: TENSOR_PARALLEL_SIZE=8, MAX_MODEL_LEN=16384,
+    GPU_MEMORY_UTILIZATION=0.85, MAX_NUM_SEQS=6000, --async-scheduling --enable-prefix-caching
+    --enable-chunked-prefill --trust-remote-code. rl/sgls/serve_sgls_qwen3_235b.sh: TP_SIZE=8,
+    MAX_MODEL_LEN=32768, DTYPE=bfloat16, GPU_MEM_UTIL=0.70, MAX_NUM_SEQS=300,
+    --disable-custom-all-reduce --enable-prefix-caching --enable-expert-parallel
+    --trust-remote-code. Host, port and served name are the registry's (deployment choices).
+    """
     judge = vllm_command(paper_service("gpt_oss_120b_judge"), "0.0.0.0", 8000)
     assert judge == [
         "vllm", "serve", "openai/gpt-oss-120b",
@@ -59,8 +68,13 @@ def test_the_paper_services_vllm_command_lines_flag_by_flag():
         "--port", "8000",
         "--served-model-name", "openai/gpt-oss-120b",
         "--tensor-parallel-size", "8",
-        "--max-model-len", "32768",
-        "--gpu-memory-utilization", "0.9",
+        "--max-model-len", "16384",
+        "--gpu-memory-utilization", "0.85",
+        "--max-num-seqs", "6000",
+        "--async-scheduling",
+        "--enable-prefix-caching",
+        "--enable-chunked-prefill",
+        "--trust-remote-code",
     ]  # fmt: skip
     simulator = vllm_command(paper_service("qwen3_235b_sgls"), "0.0.0.0", 8001)
     assert simulator == [
@@ -71,7 +85,12 @@ def test_the_paper_services_vllm_command_lines_flag_by_flag():
         "--tensor-parallel-size", "8",
         "--max-model-len", "32768",
         "--dtype", "bfloat16",
-        "--gpu-memory-utilization", "0.9",
+        "--gpu-memory-utilization", "0.7",
+        "--max-num-seqs", "300",
+        "--disable-custom-all-reduce",
+        "--enable-prefix-caching",
+        "--enable-expert-parallel",
+        "--trust-remote-code",
     ]  # fmt: skip
     for line in (judge, simulator):  # vLLM 0.24.0's parser, as recorded, takes them
         assert line_problems(line) == [], line
