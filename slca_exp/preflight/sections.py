@@ -23,6 +23,13 @@ _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 def _check_reward(reward: DictConfig) -> list[Problem]:
+    """The tool weights sum to 1, or ``normalize`` rescales them, or all five are 0.
+
+    All five at 0 (with ``normalize=false``) is the "w/o HierR" ablation (``ablation=no_hierr``):
+    R_tool is 0 on every rollout that calls a tool, so only the summary reward (and the no-call
+    penalty) trains the policy, while HierR is still computed and logged; the public code's
+    ablation sets its five weights to 0 the same way.
+    """
     weights = reward.tool_weights
     total = sum(float(weights[k]) for k in weights)
     if reward.normalize:
@@ -34,6 +41,8 @@ def _check_reward(reward: DictConfig) -> list[Problem]:
                     "give some weight a positive value",
                 )
             ]
+        return []
+    if all(float(weights[k]) == 0 for k in weights):
         return []
     if not math.isclose(total, 1.0, abs_tol=1e-6):
         return [

@@ -33,7 +33,7 @@ def problems_of(cfg: DictConfig) -> list[Problem]:
     walk(cfg, RunConfig, "", problems, {"engine": engine})
     broken = {p.key.split(".")[0] for p in problems}
     problems.extend(unregistered_names(cfg))
-    for section, check in (CROSS_CHECKS | {"reward": _check_reward}).items():
+    for section, check in CROSS_CHECKS.items():
         if section not in broken and section in cfg:
             problems.extend(check(cfg[section]))
     if not broken & {"reward", "judge"}:
@@ -42,20 +42,6 @@ def problems_of(cfg: DictConfig) -> list[Problem]:
     if not broken & {"engine", "algorithm"} and "engine" in cfg and "algorithm" in cfg:
         problems.extend(engine.problems(cfg))
     return problems
-
-
-def _check_reward(reward: DictConfig) -> list[Problem]:
-    """The reward section's check, which also lets all five tool weights be 0.
-
-    All five at 0 (with ``normalize=false``) is the "w/o HierR" ablation: R_tool is 0 on every
-    rollout that calls a tool, so only the summary reward (and the no-call penalty) trains the
-    policy, while the tool process components are still computed and logged; the public code's
-    ablation sets its five weights to 0 the same way. Any other sum must be 1, as before.
-    """
-    weights = reward.tool_weights
-    if not reward.normalize and all(float(weights[k]) == 0 for k in weights):
-        return []
-    return CROSS_CHECKS["reward"](reward)
 
 
 def judging_problems(cfg: DictConfig) -> list[Problem]:
