@@ -46,6 +46,9 @@ def store(tmp_path):
                 }
                 metrics = [Metric(METRIC, v, 0, s) for s, v in enumerate([0.2, final])]
                 metrics += [Metric("train/grad_cos", v, 0, s) for s, v in enumerate(history)]
+                # the two norms: 2 and 3 at every step, so each run's and group's mean too
+                metrics += [Metric("train/grad_norm_tool", 2.0, 0, s) for s in range(4)]
+                metrics += [Metric("train/grad_norm_summary", 3.0, 0, s) for s in range(4)]
                 client.log_batch(
                     run.info.run_id,
                     metrics=metrics,
@@ -130,6 +133,7 @@ def test_the_report_has_the_design_the_differences_the_plots_and_the_grad_cosine
     grpo = [sum(cos["grpo", "0.0", s]) / 4 for s in (0, 1, 2)]
     line = next(x for x in text.splitlines() if x.startswith("| algorithm=grpo judge.noise.p=0.0"))
     assert f"| 3 | {sum(grpo) / 3:+.3f} |" in line
+    assert line.endswith("| 2 | 3 |"), line  # |g_tool|, |g_summary|: means over steps and runs
 
 
 def test_a_studys_parent_records_it_and_the_report_states_the_expected_outcome(tmp_path, capsys):

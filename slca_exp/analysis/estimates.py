@@ -36,7 +36,7 @@ POWER = 0.8
 """The power :func:`seeds_needed` aims for."""
 MAX_SEEDS = 100_000
 """Beyond this, :func:`seeds_needed` gives up (``None``)."""
-MEAN_OVER_STEPS = (names.TRAIN_GRAD_COS,)
+MEAN_OVER_STEPS = (names.TRAIN_GRAD_COS, names.TRAIN_GRAD_NORM_TOOL, names.TRAIN_GRAD_NORM_SUMMARY)
 """Per-step diagnostics whose observation for a run is their mean over the run's steps."""
 
 

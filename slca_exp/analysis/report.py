@@ -10,7 +10,8 @@ The page is written from the store alone, so that no number in it is typed by ha
 - the table of :func:`slca_exp.analysis.tables.table`, the differences of
   :func:`slca_exp.analysis.differences.effects` with their verdicts and, where nothing
   separates, the seeds the measured variance would need;
-- the gradient conflict (``train/grad_cos``, mean over steps) per group, when logged;
+- the gradient conflict (``train/grad_cos`` and the two segment gradient norms, each a mean over
+  steps) per group, when logged;
 - the benchmark scores (``eval/<benchmark>/<category>``, ``slca-exp eval``) per group, when
   the runs were scored, with each benchmark's version and sample;
 - the plots, copied into ``<OUT stem>_files/`` beside the page.
@@ -123,9 +124,13 @@ def write_report(
         lines += [
             "cos(grad of the tool-token loss, grad of the summary-token loss) at each step "
             f"(`engine.rl.grad_cos`), averaged over each run's steps; mean over the group's "
-            f"runs and its {CONFIDENCE:.0%} interval:",
+            f"runs and its {CONFIDENCE:.0%} interval, and the two gradients' norms, averaged "
+            "the same way:",
             "",
-            markdown_table(["group", "runs", "mean cos", f"{CONFIDENCE:.0%} CI"], cos),
+            markdown_table(
+                ["group", "runs", "mean cos", f"{CONFIDENCE:.0%} CI", "|g_tool|", "|g_summary|"],
+                cos,
+            ),
         ]
     lines += _benchmark_section(observe, runs, groups)
     if plots:
@@ -262,7 +267,15 @@ def _benchmark_section(
 
 
 def _grad_cos(observe: Observations, groups: Mapping[str, Sequence[Any]]) -> list[list[str]]:
-    return _per_group(observe, groups, GRAD_COS, "+")
+    """Per group: the cosine's row of :func:`_per_group`, then each norm's mean over the runs."""
+    rows = []
+    for row in _per_group(observe, groups, GRAD_COS, "+"):
+        runs = groups[row[0]]
+        for norm in (names.TRAIN_GRAD_NORM_TOOL, names.TRAIN_GRAD_NORM_SUMMARY):
+            values = [v for v in (observe(r, norm) for r in runs) if v is not None]
+            row.append(f"{sum(values) / len(values):.3g}" if values else "-")
+        rows.append(row)
+    return rows
 
 
 def _per_group(
