@@ -104,6 +104,15 @@ def built_once(
         return value
 
 
+@pytest.fixture
+def here(tmp_path, monkeypatch):
+    """A command's launch folder: ``tmp_path``, outputs under it, no tracking URI from outside."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("SLCA_EXP_ROOT", str(tmp_path / "out"))
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    return tmp_path
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _output_root(tmp_path_factory):
     """``SLCA_EXP_ROOT`` (the default ``tracking.root``) in a temporary folder for the session."""

@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from slca_exp.core import names
-from slca_exp.judges.interaction import as_decoded, contents, final_response, tool_interactions
+from slca_exp.judges.interaction import as_decoded, final_response, tool_interactions
 from slca_exp.rewards.judging import LABELS, STATUSES, Judge, JudgeRequest, JudgeResult
-from slca_exp.rewards.toolcalls import TOOL_RESPONSE, final_reply, tool_responses
+from slca_exp.rewards.toolcalls import final_reply, tool_responses
 from slca_exp.services.backend import Backend, Counted
 
 __all__ = [
@@ -43,8 +43,8 @@ VIEW_FIELDS: dict[str, tuple[str, ...]] = {
     "responses": ("question", "tool_responses", "reply"),
     "interaction": ("question", "tool_interactions", "reply"),
 }
-"""The template placeholders each view fills (a template may use no others); its keys are
-``rewards.judging.JUDGE_VIEWS``."""
+"""The ``{{...}}`` fields each view fills in a judge's template (a template may use no others);
+its keys are ``rewards.judging.JUDGE_VIEWS``."""
 
 
 @dataclass(frozen=True)
@@ -74,7 +74,7 @@ class JudgeView:
         if request.view == "interaction":
             return cls(
                 request.question,
-                tuple(contents(as_decoded(text), TOOL_RESPONSE)),
+                tuple(tool_responses(as_decoded(text))),
                 final_response(text),
                 tool_interactions(text),
                 "interaction",
@@ -144,8 +144,8 @@ class JudgeBase(Counted, Backend):
         self.cfg = cfg
 
     @classmethod
-    def placeholders(cls, cfg: Any, prompt: str | None = None) -> tuple[str, ...] | None:  # noqa: ANN401
-        """The placeholders of the template the judge renders (``None``: it renders none).
+    def template_fields(cls, cfg: Any, prompt: str | None = None) -> tuple[str, ...] | None:  # noqa: ANN401
+        """The ``{{...}}`` fields of the template the judge renders (``None``: it renders none).
 
         Args:
             cfg: the ``judge`` config.

@@ -21,10 +21,13 @@ rollout the one v8.2 had of the same tokens, and leaves a text without them unch
 
 from __future__ import annotations
 
-from slca_exp.rewards.toolcalls import TOOL_CALL, TOOL_RESPONSE, blocks, strip_think
-
-CONTROL_TOKENS = ("<|im_start|>", "<|im_end|>", "<|endoftext|>", "<|eot_id|>")
-"""Chat-template control tokens a decode with ``skip_special_tokens=True`` leaves out."""
+from slca_exp.rewards.toolcalls import (
+    CHAT_GLUE,
+    TOOL_CALL,
+    TOOL_RESPONSE,
+    block_contents,
+    strip_think,
+)
 
 
 def as_decoded(text: str) -> str:
@@ -34,15 +37,10 @@ def as_decoded(text: str) -> str:
     '<tool_call>{}</tool_call>user'
 
     """
-    for token in CONTROL_TOKENS:
+    for token in CHAT_GLUE:
         if token in text:
             text = text.replace(token, "")
     return text
-
-
-def contents(text: str, tags: tuple[str, str]) -> list[str]:
-    """The stripped contents of the ``tags`` blocks of ``text`` (non-greedy), in order."""
-    return [text[a:b].strip() for _, a, b, _ in blocks(text, *tags)]
 
 
 def tool_interactions(text: str) -> str:
@@ -60,8 +58,9 @@ def tool_interactions(text: str) -> str:
 
     """
     text = as_decoded(text)
-    entries = [f"[Tool Call {i}]\n{c}" for i, c in enumerate(contents(text, TOOL_CALL), 1)]
-    entries += [f"[Tool Response {i}]\n{r}" for i, r in enumerate(contents(text, TOOL_RESPONSE), 1)]
+    calls, responses = block_contents(text, TOOL_CALL), block_contents(text, TOOL_RESPONSE)
+    entries = [f"[Tool Call {i}]\n{c}" for i, c in enumerate(calls, 1)]
+    entries += [f"[Tool Response {i}]\n{r}" for i, r in enumerate(responses, 1)]
     # An empty last content leaves a trailing newline, which v8.2's final strip removes.
     return "\n\n".join(entries).strip()
 

@@ -147,8 +147,8 @@ class OpenAIJudge(JudgeBase):
         return user_request(template.render(**{k: values[k] for k in fields}), self.cfg)
 
     @classmethod
-    def placeholders(cls, cfg: Any, prompt: str | None = None) -> tuple[str, ...] | None:  # noqa: ANN401
-        """The placeholders of ``prompt`` (the reward's template), else of the judge's own."""
+    def template_fields(cls, cfg: Any, prompt: str | None = None) -> tuple[str, ...] | None:  # noqa: ANN401
+        """The ``{{...}}`` fields of ``prompt`` (the reward's template), else the judge's own."""
         return PromptTemplate.load(prompt or cfg.prompt or DEFAULT_PROMPT, "judge").placeholders
 
     @classmethod

@@ -49,7 +49,7 @@ def judging_problems(cfg: DictConfig) -> list[Problem]:
 
     The judge must show the view (``judge.backend``'s ``views``); ``reward.judge_prompt`` must
     name a template; the template a judge renders (the reward's, else ``judge.prompt``) may use
-    only the placeholders of the view.
+    only the ``{{...}}`` fields the view fills.
     """
     from slca_exp.judges import JUDGES, VIEW_FIELDS
     from slca_exp.services.prompts import resolve_prompt, shipped_prompts
@@ -84,7 +84,7 @@ def judging_problems(cfg: DictConfig) -> list[Problem]:
         )
         return problems
     try:
-        used = backend.placeholders(judge, str(prompt) if prompt else None)
+        used = backend.template_fields(judge, str(prompt) if prompt else None)
     except FileNotFoundError:
         return problems  # judge.prompt: reported by the judge section's check
     extra = [p for p in used or () if p not in VIEW_FIELDS.get(view, ())]

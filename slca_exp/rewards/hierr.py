@@ -53,7 +53,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from slca_exp.config.weights import normalized_tool_weights
@@ -225,6 +225,17 @@ def _strict(
         "parallel": _parallel_turns(valid, gold) if gold.stepped else math.nan,  # (a)
     }
     return ToolReward(_weighted(comps, weights), comps, 0, calls, parsed.reasons)
+
+
+def reweighted(reward: ToolReward, weights: HierRWeights) -> ToolReward:
+    """``reward`` scored under ``weights``: the same components, calls and no-call penalty.
+
+    What :func:`tool_process_reward` gives the same rollout under ``weights``, without parsing
+    it again: every score but the penalty is the weighted components.
+    """
+    if reward.should_no_call:
+        return reward
+    return replace(reward, score=_weighted(reward.components, weights))
 
 
 def _no_call(penalty: float, parsed: ParsedCalls) -> ToolReward:

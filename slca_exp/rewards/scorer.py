@@ -20,7 +20,13 @@ from typing import TYPE_CHECKING, Any
 
 from slca_exp.estimators.base import RolloutScores
 from slca_exp.rewards.gold import Gold, read_gold
-from slca_exp.rewards.hierr import HierRWeights, ToolReward, Variant, tool_process_reward
+from slca_exp.rewards.hierr import (
+    HierRWeights,
+    ToolReward,
+    Variant,
+    reweighted,
+    tool_process_reward,
+)
 from slca_exp.rewards.judging import JUDGE_VIEWS, OutcomeRequest, OutcomeResult
 from slca_exp.rewards.routing import outcome_stats, reward_stats, route_batch
 from slca_exp.rewards.summary import FailurePolicy, SummaryReward, judge_stats, summary_rewards
@@ -133,17 +139,12 @@ class HierRReward:
             logged_weights=None if logged is None else HierRWeights.from_config(logged),
         )
 
-    def tool(
-        self,
-        response_text: str,
-        ground_truth: Mapping[str, Any] | str | Gold,
-        weights: HierRWeights | None = None,
-    ) -> ToolReward:
-        """The tool process reward of one rollout (under ``weights``, default the recipe's)."""
+    def tool(self, response_text: str, ground_truth: Mapping[str, Any] | str | Gold) -> ToolReward:
+        """The tool process reward of one rollout."""
         return tool_process_reward(
             response_text,
             ground_truth,
-            self.weights if weights is None else weights,
+            self.weights,
             self.variant,
             no_call_penalty=self.no_call_penalty,
             normalize_strings=self.normalize_strings,
@@ -178,10 +179,7 @@ class HierRReward:
         tools = [self.tool(text, gold) for text, gold in zip(responses, golds, strict=True)]
         hierr = tools
         if self.logged_weights is not None:  # logged under other weights than R_tool's
-            hierr = [
-                self.tool(text, gold, self.logged_weights)
-                for text, gold in zip(responses, golds, strict=True)
-            ]
+            hierr = [reweighted(t, self.logged_weights) for t in tools]
         judge_all = self.no_tool_response == "judge"
         # The public reward scores a row that allows no tools 0 without asking the judge, and
         # never asks about a no-call the penalty scores (which the "no tool response -> 0" rule

@@ -102,6 +102,16 @@ class _Next:
         return best, best_tag
 
 
+def block_contents(text: str, tags: tuple[str, str]) -> list[str]:
+    """The stripped contents of the ``tags`` blocks of ``text`` (non-greedy), in order.
+
+    >>> block_contents("<tool_call> {} </tool_call><tool_call>[]</tool_call>", TOOL_CALL)
+    ['{}', '[]']
+
+    """
+    return [text[a:b].strip() for _, a, b, _ in blocks(text, *tags)]
+
+
 def tool_responses(text: str) -> list[str]:
     """Contents of the ``<tool_response>`` blocks of a rollout, stripped, in order.
 
@@ -109,7 +119,7 @@ def tool_responses(text: str) -> list[str]:
     ['42']
 
     """
-    return [text[a:b].strip() for _, a, b, _ in blocks(text, *TOOL_RESPONSE)]
+    return block_contents(text, TOOL_RESPONSE)
 
 
 def final_reply(text: str) -> str:
@@ -144,18 +154,19 @@ def ends_on_tool_call(text: str) -> bool:
     return TOOL_CALL[0] in final_reply(text)
 
 
-_GLUE = ("<|im_end|>", "<|im_start|>", "<|endoftext|>", "<|eot_id|>")
+CHAT_GLUE = ("<|im_end|>", "<|im_start|>", "<|endoftext|>", "<|eot_id|>")
+"""Chat-template control tokens: a decode with ``skip_special_tokens=True`` leaves them out."""
 
 
 def _strip_glue(text: str) -> str:
     """Drop chat-template tokens and role lines at both ends of a reply."""
     while True:
         text = text.strip()
-        head = next((g for g in _GLUE if text.startswith(g)), None)
+        head = next((g for g in CHAT_GLUE if text.startswith(g)), None)
         if head is not None:
             text = text[len(head) :]
             continue
-        tail = next((g for g in _GLUE if text.endswith(g)), None)
+        tail = next((g for g in CHAT_GLUE if text.endswith(g)), None)
         if tail is not None:
             text = text[: -len(tail)]
             continue

@@ -42,14 +42,6 @@ def toucan(tmp_path_factory):
     return toucan_named_folder(tmp_path_factory, 32)
 
 
-@pytest.fixture
-def here(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("SLCA_EXP_ROOT", str(tmp_path / "out"))
-    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    return tmp_path
-
-
 @pytest.mark.parametrize("study", sorted(STUDIES))
 def test_the_dry_run_validates_and_prints_every_job_on_the_papers_recipe(
     study, toucan, here, capsys

@@ -155,8 +155,11 @@ from itertools import permutations  # noqa: E402
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
+from slca_exp.rewards.hierr import reweighted  # noqa: E402
 from slca_exp.rewards.match import greedy_match, optimal_match  # noqa: E402
 from slca_exp.rewards.types import ToolCall  # noqa: E402
+
+from .strategies import cases  # noqa: E402
 
 _calls = st.lists(
     st.builds(
@@ -189,3 +192,26 @@ def test_optimal_matching_is_optimal_and_never_worse_than_greedy(golds, preds):
     optimal = sum(k + v for k, v in optimal_match(golds, preds))
     assert optimal >= sum(k + v for k, v in greedy_match(golds, preds)) - 1e-12
     assert abs(optimal - _brute_force_total(golds, preds)) < 1e-9
+
+
+WEIGHTS = st.builds(
+    HierRWeights, *[st.sampled_from([0.0, 0.05, 0.1, 0.25, 0.3, 1.0]) for _ in range(5)]
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(case=cases(), variant=st.sampled_from(["paper", "strict"]), a=WEIGHTS, b=WEIGHTS)
+def test_reweighting_a_scored_rollout_is_exactly_scoring_it_under_the_other_weights(
+    case, variant, a, b
+):
+    """``reweighted`` (the logged score under ``reward.logged_weights``) equals a second parse."""
+    text, truth = case
+    got = reweighted(tool_process_reward(text, truth, a, variant), b)
+    again = tool_process_reward(text, truth, b, variant)
+    assert got.score == again.score  # the same function on the same components: bit for bit
+    assert repr(got.components) == repr(again.components)  # NaN, where not judged, on both
+    assert (got.should_no_call, got.calls, got.reasons) == (
+        again.should_no_call,
+        again.calls,
+        again.reasons,
+    )

@@ -31,7 +31,6 @@ from omegaconf import OmegaConf  # noqa: E402
 from slca_exp.commands import main  # noqa: E402
 from slca_exp.engines.verl.keys import GRAD_COS_KEY, OUR_KEY, ROLLOUT, TURNS  # noqa: E402
 from tests.engines.verl.test_paper_preset_on_cpu import RL, SFT_ROWS, same  # noqa: E402
-from tests.launch.test_paper_studies_on_cpu import here  # noqa: E402, F401 - a fixture
 
 ROOT = Path(__file__).resolve().parents[3]
 PAGE = ROOT / "docs" / "public-code.md"
