@@ -133,7 +133,9 @@ def test_the_report_has_the_design_the_differences_the_plots_and_the_grad_cosine
     grpo = [sum(cos["grpo", "0.0", s]) / 4 for s in (0, 1, 2)]
     line = next(x for x in text.splitlines() if x.startswith("| algorithm=grpo judge.noise.p=0.0"))
     assert f"| 3 | {sum(grpo) / 3:+.3f} |" in line
-    assert line.endswith("| 2 | 3 |"), line  # |g_tool|, |g_summary|: means over steps and runs
+    assert line.endswith("| 2 | 3 |"), (
+        line
+    )  # norms of g_tool and g_summary: means over steps and runs
 
 
 def test_a_studys_parent_records_it_and_the_report_states_the_expected_outcome(tmp_path, capsys):

@@ -128,7 +128,14 @@ def write_report(
             "the same way:",
             "",
             markdown_table(
-                ["group", "runs", "mean cos", f"{CONFIDENCE:.0%} CI", "|g_tool|", "|g_summary|"],
+                [
+                    "group",
+                    "runs",
+                    "mean cos",
+                    f"{CONFIDENCE:.0%} CI",
+                    "norm of g_tool",
+                    "norm of g_summary",
+                ],
                 cos,
             ),
         ]
