@@ -81,6 +81,14 @@ class JudgeConfig(ServiceConfig):
         "registered judge: rubric (deterministic CPU) | openai (HTTP) | a plugin's",
     )
     max_tokens: int = param(8192, "completion budget", gt=0)
+    rubric_version: str = param(
+        "v2",
+        "the rubric judge's rule (judge.backend=rubric only): v2 rates a reply on the facts of "
+        "the tool responses it states (markup, JSON, an echo of the question or a reply stating "
+        "none of the facts rate 1; each invented number costs a point) | v1 the first rule, "
+        "kept so that runs made with it reproduce",
+        choices=("v1", "v2"),
+    )
     short_circuit_no_tool_response: bool = param(
         True, "score 0 without asking the judge when the rollout has no tool response"
     )

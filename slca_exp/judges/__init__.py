@@ -33,7 +33,7 @@ from slca_exp.judges.outcome import (
     outcome_backend,
     parse_verdict,
 )
-from slca_exp.judges.rubric import RUBRIC_VERSION, RubricJudge
+from slca_exp.judges.rubric_judge import RUBRIC_VERSIONS, RubricJudge, rubric_verdict
 from slca_exp.registry import Registry
 from slca_exp.services.prompts import PromptTemplate
 
@@ -153,7 +153,7 @@ __all__ = [
     "JUDGES",
     "OUTCOME_JUDGES",
     "LABELS",
-    "RUBRIC_VERSION",
+    "RUBRIC_VERSIONS",
     "Judge",
     "JudgeRequest",
     "JudgeResult",
@@ -172,4 +172,5 @@ __all__ = [
     "outcome_prompts",
     "parse_rating",
     "parse_verdict",
+    "rubric_verdict",
 ]

@@ -106,10 +106,10 @@ class NoisyJudge(Closing):
         rating = perturbed_rating(
             result.rating, self.kind, self.level, request_draw(self.seed, request)
         )
+        if rating == result.rating:
+            return replace(result, raw_rating=result.rating)  # the judge's reason stands
         rated = JudgeResult.rated(rating, cached=result.cached, latency_ms=result.latency_ms)
-        reason = rated.reason
-        if rating != result.rating:
-            reason += f" (judge: {LABELS[result.rating - 1]}; judge.noise={self.kind})"
+        reason = f"{rated.reason} (judge: {result.reason}; judge.noise={self.kind})"
         return replace(rated, reason=reason, raw_rating=result.rating)
 
     async def ascore(self, batch: Sequence[JudgeRequest]) -> list[JudgeResult]:

@@ -1,14 +1,11 @@
-"""The rubric judge: a deterministic, model-free stand-in for the paper's frozen LLM judge.
+"""Rule ``rubric-v1`` of the rubric judge, and how the rubric judge reads texts.
 
-It exists so that a recipe runs end to end on a laptop CPU; its ratings are NOT comparable with
-the paper's GPT-OSS-120B judge, and runs record ``backend: rubric`` and :data:`RUBRIC_VERSION`.
-It sees what the LLM judge sees: the question, the tool responses and the final reply. Under
-``reward.judge_view=interaction`` (``reward=hierr_v82``) it rates the reply v8.2's rule reads,
-from the same tool responses: the rule has no use for the tool calls, and it renders no template
-(``reward.judge_prompt`` does not apply to it). Whether a rollout without a tool response is
-rated is the reward's ``no_tool_response``, as for any judge.
+The rubric judge (:mod:`slca_exp.judges.rubric_judge`) is a deterministic, model-free stand-in
+for the paper's frozen LLM judge. ``judge.rubric_version=v1`` picks this rule, kept so that runs
+made with it reproduce; new runs use ``rubric-v2`` (:mod:`slca_exp.judges.rubric_v2`), which
+reads texts the same way (rules 1-3 below) but rates a reply on what it states.
 
-The rule (version ``rubric-v1``), applied after the same short-circuits as the LLM judge:
+The rule, applied after the same short-circuits as the LLM judge:
 
 1. Tokens. Text is cut into number tokens (digits with ``.``/``,`` separators; ``1,234`` is 1234,
    ``3,5`` is 3.5, a token with two or more dots such as an IP address is a word) and word tokens
@@ -44,19 +41,12 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from typing import Any
 
-from slca_exp.judges.base import (
-    JudgeBase,
-    JudgeRequest,
-    JudgeResult,
-    JudgeView,
-    short_circuit_fields,
-)
-from slca_exp.services.cache import cache_key, canonical_json
+from slca_exp.judges.base import JudgeView
 
-RUBRIC_VERSION = "rubric-v1"
+RUBRIC_V1 = "rubric-v1"
 
 PARAMS: dict[str, Any] = {
     "weights": {"coverage": 0.4, "faithfulness": 0.4, "length": 0.2},
@@ -71,7 +61,8 @@ PARAMS: dict[str, Any] = {
 }
 """The rule's constants; their hash is recorded as the judge's ``prompt_sha256``."""
 
-_RULE = {"rubric": RUBRIC_VERSION, "params": PARAMS}
+RULE_V1 = {"rubric": RUBRIC_V1, "params": PARAMS}
+"""What the judge records of rule v1 (its hash is ``prompt_sha256``)."""
 
 # Digits with single separators between digit groups (unambiguous, so linear), or letters.
 _TOKEN = re.compile(r"\d+(?:[.,]\d+)*|[^\W\d_]+")
@@ -140,6 +131,26 @@ class _Text:
         self.words = set(words)
 
 
+_LETTER_DIGIT = re.compile(r"[^\W\d_]\d")
+_SNAKE = re.compile(r"[a-z0-9]+(?:_[a-z0-9]+)+")
+
+
+def is_identifier(text: str) -> bool:
+    """Whether a response string is an identifier, not a fact (``rubric-v2``'s rule 2).
+
+    One token (no whitespace) with a letter followed by a digit (``res-d40715``, ``AF123``, a
+    UUID), or snake_case (``get_time``).
+
+    >>> [is_identifier(s) for s in ("res-d40715", "get_time", "Asia/Tokyo", "72°F", "light rain")]
+    [True, True, False, False, False]
+
+    """
+    s = text.strip()
+    if not s or any(ch.isspace() for ch in s):
+        return False
+    return bool(_LETTER_DIGIT.search(s)) or bool(_SNAKE.fullmatch(s))
+
+
 def _key_words(tokens: Iterable[str]) -> list[str]:
     limit = PARAMS["key_word_letters"]
     return [t for t in tokens if t.isalpha() and len(t) >= limit and t not in STOP_WORDS]
@@ -160,8 +171,11 @@ def _leaves(doc: Any) -> list[Any]:  # noqa: ANN401
     return out
 
 
-def _facts(response: str) -> list[float | tuple[str, ...]]:
-    """Facts of one tool response: numbers and phrases (tuples of words), in document order."""
+def _facts(response: str, identifiers: bool = True) -> list[float | tuple[str, ...]]:
+    """Facts of one tool response: numbers and phrases (tuples of words), in document order.
+
+    ``identifiers=False`` skips the JSON strings ``rubric-v2`` reads as identifiers.
+    """
     stripped = response.strip()
     leaves: list[Any] | None = None
     if stripped[:1] in ("{", "[") and len(stripped) <= _CUT:
@@ -172,6 +186,8 @@ def _facts(response: str) -> list[float | tuple[str, ...]]:
     is_json = leaves is not None
     facts: list[float | tuple[str, ...]] = []
     for leaf in leaves if is_json else [stripped]:
+        if not identifiers and is_json and isinstance(leaf, str) and is_identifier(leaf):
+            continue
         if not isinstance(leaf, str):
             if not (isinstance(leaf, float) and not math.isfinite(leaf)):
                 facts.append(leaf)
@@ -190,14 +206,25 @@ Fact = float | tuple[str, ...]
 """A fact of a tool response (rule 2): a number, or a phrase as a tuple of words."""
 
 
-def response_facts(response: str) -> list[Fact]:
+def response_facts(response: str, *, identifiers: bool = True) -> list[Fact]:
     """The facts of one tool response (rule 2), in document order, repeats included.
+
+    ``identifiers=False``: without the JSON strings ``rubric-v2`` reads as identifiers.
 
     >>> response_facts('{"city": "Paris", "temp_c": 21.4, "ok": true}')
     [('paris',), 21.4]
 
     """
-    return _facts(response)
+    return _facts(response, identifiers)
+
+
+def response_numbers(response: str) -> set[tuple[int, str]]:
+    """Every ``(d, rounded text)`` form of every number of a tool response (what grounds)."""
+    forms: set[tuple[int, str]] = set()
+    for fact in dict.fromkeys(_facts(response)):
+        if not isinstance(fact, tuple):
+            forms |= _forms(fact)
+    return forms
 
 
 class Statement:
@@ -209,12 +236,18 @@ class Statement:
 
     """
 
-    __slots__ = ("forms", "words")
+    __slots__ = ("forms", "numbers", "tokens", "words")
 
     def __init__(self, text: str) -> None:
         parsed = _Text(text)
+        self.numbers = parsed.numbers
+        self.tokens = parsed.tokens
         self.forms = {(d, s) for d, s, _ in parsed.numbers}
         self.words = parsed.words
+
+    def repetition(self) -> float:
+        """Rule 7's ``D``: ``1 - distinct / total`` token trigrams (0 below 4 trigrams)."""
+        return _repetition(self.tokens)
 
     def states(self, fact: Fact) -> bool:
         """Whether the text states ``fact``: a number written to any precision, or every word."""
@@ -266,9 +299,7 @@ def rubric_components(view: JudgeView) -> dict[str, float]:
     n = len(view.reply)
     length = n / _MIN_CHARS if n < _MIN_CHARS else (_MAX_CHARS / n if n > _MAX_CHARS else 1.0)
 
-    tokens = reply.tokens
-    trigrams = list(zip(tokens, tokens[1:], tokens[2:], strict=False))
-    repetition = 1.0 - len(set(trigrams)) / len(trigrams) if len(trigrams) >= 4 else 0.0
+    repetition = _repetition(reply.tokens)
 
     s = (_W["coverage"] * coverage + _W["faithfulness"] * faithfulness + _W["length"] * length) * (
         1.0 - repetition
@@ -284,55 +315,12 @@ def rubric_components(view: JudgeView) -> dict[str, float]:
     }
 
 
+def _repetition(tokens: list[str]) -> float:
+    trigrams = list(zip(tokens, tokens[1:], tokens[2:], strict=False))
+    return 1.0 - len(set(trigrams)) / len(trigrams) if len(trigrams) >= 4 else 0.0
+
+
 def rubric_rating(view: JudgeView) -> int:
     """The rubric rating (1-5) of one rollout."""
     s = rubric_components(view)["s"]
     return 1 + min(4, math.floor(5.0 * s + 1e-9))
-
-
-class RubricJudge(JudgeBase):
-    """The deterministic CPU judge (registry name ``rubric``); see the module docstring."""
-
-    name = "rubric"
-    remote = False
-    views = ("responses", "interaction")
-
-    async def ascore(self, batch: Sequence[JudgeRequest]) -> list[JudgeResult]:
-        """Rate a batch (pure CPU: the same as :meth:`score`)."""
-        return self.score(batch)
-
-    def score(self, batch: Sequence[JudgeRequest]) -> list[JudgeResult]:
-        """Rate a batch; never raises on any text."""
-        results = []
-        for request in batch:
-            view = JudgeView.of(request)
-            results.append(self._short_circuit(view, request) or _rate(view))
-        return self._count(results)
-
-    @classmethod
-    def describe_config(cls, cfg: Any) -> dict[str, Any]:  # noqa: ANN401
-        """Backend, rubric version and the hash of its constants, short-circuit settings."""
-        return {
-            "backend": "rubric",
-            "name": cfg.name,
-            "model": None,
-            "prompt_version": RUBRIC_VERSION,
-            "prompt_sha256": cache_key(_RULE),
-            "temperature": None,
-            "max_tokens": None,
-            **short_circuit_fields(cfg),
-            "stand_in": "deterministic rubric, not the paper's LLM judge",
-        }
-
-    @classmethod
-    def prompt_text(cls, cfg: Any) -> str:  # noqa: ANN401
-        """The rule's version and constants as canonical JSON (what ``prompt_sha256`` hashes)."""
-        return canonical_json(_RULE)
-
-
-def _rate(view: JudgeView) -> JudgeResult:
-    try:
-        return JudgeResult.rated(rubric_rating(view))
-    except (ValueError, OverflowError, RecursionError, MemoryError) as exc:
-        # The rule is total on strings; this only guards against the unforeseen.
-        return JudgeResult.failed(f"rubric error: {type(exc).__name__}")

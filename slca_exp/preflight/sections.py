@@ -244,6 +244,16 @@ def _check_service(group: str) -> Any:  # noqa: ANN401
                     f"{group}.service=null",
                 )
             )
+        rubric_v1 = service.get("rubric_version") == "v1"
+        if group == "judge" and service.backend != "rubric" and rubric_v1:
+            problems.append(
+                Problem(
+                    "judge.rubric_version",
+                    f"picks the rubric judge's rule, but judge.backend={service.backend} is not "
+                    "the rubric judge",
+                    "drop judge.rubric_version=v1, or pick judge=rubric",
+                )
+            )
         if service.service and not NAME_PATTERN.fullmatch(str(service.service)):
             problems.append(
                 Problem(

@@ -79,9 +79,17 @@ class JudgeResult:
     raw_rating: int | None = None
 
     @classmethod
-    def rated(cls, rating: int, *, cached: bool = False, latency_ms: float = 0.0) -> JudgeResult:
-        """An ``ok`` result for ``rating`` (1-5)."""
-        return cls(rating, (rating - 1) / 4.0, "ok", LABELS[rating - 1], cached, latency_ms)
+    def rated(
+        cls,
+        rating: int,
+        *,
+        reason: str | None = None,
+        cached: bool = False,
+        latency_ms: float = 0.0,
+    ) -> JudgeResult:
+        """An ``ok`` result for ``rating`` (1-5); ``reason`` defaults to the rating's label."""
+        label = reason or LABELS[rating - 1]
+        return cls(rating, (rating - 1) / 4.0, "ok", label, cached, latency_ms)
 
     @classmethod
     def short_circuit(cls, reason: str) -> JudgeResult:

@@ -176,3 +176,18 @@ def test_bad_noise_settings_are_refused_with_the_key(override, message):
 
     checked = preflight([override])
     assert any(message in str(p) for p in checked.problems), checked.problems
+
+
+def test_the_judges_reason_stands_unless_noise_changed_the_rating():
+    said = JudgeResult.rated(1, reason="very poor: not a summary (tool-call markup)")
+    outcomes = {f"reply {i}": said for i in range(40)}
+    judge = NoisyJudge(FixedJudge(1, outcomes), JudgeNoiseConfig(kind="flip", p=0.5), 0)
+    results = judge.score(batch(list(outcomes)))
+    kept = [r for r in results if r.rating == 1]
+    moved = [r for r in results if r.rating != 1]
+    assert kept and moved  # 40 draws at p=0.5 (4/5 of replacements change a 1)
+    assert {r.reason for r in kept} == {said.reason}
+    assert all(r.raw_rating == 1 for r in results)
+    assert {r.reason.split(" (", 1)[1] for r in moved} == {
+        "judge: very poor: not a summary (tool-call markup); judge.noise=flip)"
+    }

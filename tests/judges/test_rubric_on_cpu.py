@@ -1,4 +1,5 @@
-"""The rubric judge: hand-computed cases, short-circuits, determinism, adversarial inputs."""
+"""The rubric judge: rule v1's hand-computed cases; both rules' short-circuits, determinism and
+adversarial inputs (rule v2's own cases: test_rubric_v2_on_cpu.py)."""
 
 import math
 
@@ -10,9 +11,16 @@ from slca_exp.judges.rubric import rubric_components
 from tests.judges.rows import FAITHFUL, INVENTED, QUESTION, WEATHER, rollout
 
 
+@pytest.fixture(params=["v1", "v2"])
+def judge(request):
+    """The rubric judge under each rule."""
+    with build_judge(JudgeConfig(rubric_version=request.param)) as j:
+        yield j
+
+
 @pytest.fixture
-def judge():
-    with build_judge(JudgeConfig()) as j:
+def v1():
+    with build_judge(JudgeConfig(rubric_version="v1")) as j:
         yield j
 
 
@@ -27,7 +35,7 @@ def components(reply, responses=(WEATHER,)):
     return rubric_components(view)
 
 
-def test_faithful_reply_is_excellent(judge):
+def test_faithful_reply_is_excellent(v1):
     # facts: "paris", 21.4, "light rain", 81 -> all covered; both numbers grounded; 56 chars.
     c = components(FAITHFUL)
     assert (c["facts"], c["coverage"], c["faithfulness"], c["length"], c["repetition"]) == (
@@ -37,7 +45,7 @@ def test_faithful_reply_is_excellent(judge):
         1.0,
         0.0,
     )
-    result = rate(judge, FAITHFUL)
+    result = rate(v1, FAITHFUL)
     assert (result.status, result.rating, result.score, result.reason) == (
         "ok",
         5,
@@ -46,12 +54,12 @@ def test_faithful_reply_is_excellent(judge):
     )
 
 
-def test_invented_numbers_rate_poor(judge):
+def test_invented_numbers_rate_poor(v1):
     # 35.2, 12 and 64 are nowhere in the tool response: P = 0; only "paris" covered: C = 1/4.
     # s = 0.4 * 0.25 + 0.4 * 0 + 0.2 * 1 = 0.3 -> rating 2.
     c = components(INVENTED)
     assert (c["coverage"], c["faithfulness"], c["invented"], c["s"]) == (0.25, 0.0, 3.0, 0.3)
-    assert rate(judge, INVENTED).rating == 2 < rate(judge, FAITHFUL).rating
+    assert rate(v1, INVENTED).rating == 2 < rate(v1, FAITHFUL).rating
 
 
 def test_rounded_numbers_and_small_counts_are_grounded():
@@ -66,13 +74,13 @@ def test_numbers_from_the_question_are_grounded():
     assert (c["faithfulness"], c["invented"]) == (pytest.approx(2 / 3), 1.0)
 
 
-def test_repetition_is_penalised(judge):
+def test_repetition_is_penalised(v1):
     # 6 copies of a 6-token sentence: 34 trigrams, 6 distinct -> D = 28/34.
     reply = "It is 21.4 °C in Paris. " * 6
     c = components(reply.strip())
     assert c["repetition"] == pytest.approx(1 - 6 / 34)
     assert c["s"] == pytest.approx((0.4 * 0.5 + 0.4 + 0.2) * 6 / 34)
-    assert rate(judge, reply).rating == 1
+    assert rate(v1, reply).rating == 1
 
 
 def test_plain_text_responses_give_key_words():
@@ -87,9 +95,8 @@ def test_short_circuits(judge):
     assert short.reason == "reply shorter than 10 characters"
     none = rate(judge, FAITHFUL, responses=())
     assert (none.status, none.reason) == ("short_circuit", "no tool response")
-    allowed = rate(
-        judge, "I cannot help with that request.", responses=(), require_tool_response=False
-    )
+    # A row that needs no call: a decline with no call and no response is rated, not skipped.
+    (allowed,) = judge.score([JudgeRequest(QUESTION, "I cannot help with that request.", False)])
     assert allowed.status == "ok" and allowed.rating >= 3
 
 
@@ -111,9 +118,10 @@ def test_deterministic_and_stats(judge):
     }
 
 
-def test_describe_records_the_stand_in():
+def test_describe_records_the_stand_in_and_its_rule():
     d = describe_judge(JudgeConfig())
-    assert d["backend"] == "rubric" and d["prompt_version"] == "rubric-v1" and d["model"] is None
+    assert d["backend"] == "rubric" and d["prompt_version"] == "rubric-v2" and d["model"] is None
+    assert describe_judge(JudgeConfig(rubric_version="v1"))["prompt_version"] == "rubric-v1"
     assert len(d["prompt_sha256"]) == 64 and "stand-in" not in d["backend"]
 
 

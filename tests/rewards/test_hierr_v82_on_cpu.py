@@ -10,8 +10,7 @@ from omegaconf import OmegaConf
 from slca_exp.config.services import JudgeConfig
 from slca_exp.core import names
 from slca_exp.core.problems import ConfigError
-from slca_exp.judges import JudgeView, RubricJudge, build_judge, describe_judging
-from slca_exp.judges.rubric import rubric_rating
+from slca_exp.judges import JudgeView, RubricJudge, build_judge, describe_judging, rubric_verdict
 from slca_exp.preflight.compose import check_overrides, compose_run
 from slca_exp.preflight.validate import problems_of, validate
 from slca_exp.rewards import HierRReward
@@ -111,9 +110,9 @@ def test_the_rubric_judge_rates_the_v82_reply_and_judges_rollouts_without_a_resp
     gt = row([[PARIS]])
     ours = v82_reward.score([NO_RESPONSE, ANSWERED], [gt, gt], rubric).summary
     view = JudgeView("Weather?", (), v82.final_response(NO_RESPONSE))
-    assert (ours[0].status, ours[0].rating) == ("ok", rubric_rating(view))
+    assert (ours[0].status, ours[0].rating) == ("ok", rubric_verdict(view)[0])
     answered = JudgeView("Weather?", ('{"temp": 18}',), "assistant\n" + REPLY)  # as verl decodes
-    assert ours[1].rating == rubric_rating(answered)
+    assert ours[1].rating == rubric_verdict(answered)[0]
     assert main.score([NO_RESPONSE], [gt], rubric).summary[0].status == "short_circuit"
 
 
