@@ -53,7 +53,7 @@ def rubric_verdict(view: JudgeView, version: str = "v2") -> tuple[int, str]:
     >>> view = JudgeView("Weather in Paris?", ('{"city": "Paris", "temp_c": 21.4}',),
     ...                  '{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>')
     >>> rubric_verdict(view, "v1"), rubric_verdict(view, "v2")
-    ((4, 'good'), (1, 'very poor: not a summary (tool-call markup)'))
+    ((5, 'excellent'), (1, 'very poor: not a summary (tool-call markup)'))
 
     Raises:
         KeyError: ``version`` is not one of :data:`RUBRIC_VERSIONS`.

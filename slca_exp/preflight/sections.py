@@ -292,46 +292,9 @@ def _check_service(group: str) -> Any:  # noqa: ANN401
 
 
 def _check_backbone(backbone: DictConfig) -> list[Problem]:
-    from slca_exp.backbones.tiny import MIN_VOCAB
+    from slca_exp.backbones.checks import config_problems
 
-    if backbone.source in ("hf", "local") and not backbone.path:
-        return [
-            Problem(
-                "backbone.path",
-                f"backbone.source={backbone.source} needs the hub id or folder of the weights",
-                "set backbone.path=<hub id or folder>",
-            )
-        ]
-    if backbone.source != "builtin":
-        return []
-    arch = backbone.arch
-    if arch is None:
-        return [
-            Problem(
-                "backbone.arch",
-                "backbone.source=builtin builds a model from scratch and needs its architecture",
-                "set backbone.arch (see conf/backbone/tiny.yaml) or use backbone=tiny",
-            )
-        ]
-    problems = []
-    if arch.hidden_size % arch.num_heads or (arch.hidden_size // arch.num_heads) % 2:
-        problems.append(
-            Problem(
-                "backbone.arch.num_heads",
-                f"hidden_size={arch.hidden_size} / num_heads={arch.num_heads} is not an even "
-                "whole head size (rotary embeddings rotate pairs of channels)",
-                "pick num_heads so that hidden_size / num_heads is even, e.g. 64 / 4",
-            )
-        )
-    if arch.vocab_size < MIN_VOCAB:
-        problems.append(
-            Problem(
-                "backbone.arch.vocab_size",
-                f"{arch.vocab_size} cannot hold the 3 special tokens, 256 byte symbols and 6 tags",
-                f"set backbone.arch.vocab_size to at least {MIN_VOCAB} (tiny.yaml uses 1024)",
-            )
-        )
-    return problems
+    return config_problems(backbone)
 
 
 def _check_data(data: DictConfig) -> list[Problem]:
