@@ -27,12 +27,12 @@ from slca_exp.core.tags import (
     PARENT_RUN,
     RESUMED,
     RUN_NAME,
-    SIMULATOR,
     SOURCE_NAME,
     SOURCE_TYPE,
 )
 from slca_exp.tracking.base import Status
 from slca_exp.tracking.redact import Redactor
+from slca_exp.tracking.rollout_traces import TraceSources
 from slca_exp.tracking.spool import Spool, StepRecord
 from slca_exp.tracking.store import open_client, retry_locked, store_lock
 
@@ -161,7 +161,7 @@ class MlflowTracker:
         self._pending_artifacts: list[tuple[Path, str | None]] = []
         self._finished = False
         self._fingerprint = ""
-        self._simulator = ""
+        self._sources = TraceSources()
         self._rollouts: RolloutLog | None = None
 
     def start(self, recipe: Recipe, params: Mapping[str, Any]) -> None:
@@ -173,7 +173,8 @@ class MlflowTracker:
         from mlflow.entities import Param
 
         self._fingerprint = recipe.short_fingerprint
-        self._simulator = self.redactor.text(recipe.tags().get(SIMULATOR, ""))
+        tags = {k: self.redactor.text(v) for k, v in recipe.tags().items()}
+        self._sources = TraceSources.from_tags(tags)
         self._bound_http_waits()
         local = not self.cfg.mlflow_uri
         if local:
@@ -286,7 +287,7 @@ class MlflowTracker:
                 self.uri,
                 self.run_id,
                 experiment_id,
-                simulator=self._simulator,
+                sources=self._sources,
                 html=self.cfg.rollouts.html,
             )
         clean = [Record.from_dict(json.loads(self.redactor.text(r.to_json()))) for r in records]

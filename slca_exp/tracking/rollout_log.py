@@ -24,6 +24,7 @@ from typing import Any
 
 from slca_exp.rollouts import files
 from slca_exp.rollouts.record import RolloutRecord, finite_or_none
+from slca_exp.tracking.rollout_traces import TraceSources
 
 COMPONENTS = ("format", "name", "key", "value", "parallel")
 
@@ -77,18 +78,24 @@ class RolloutLog:
         uri: the run's tracking URI.
         run_id: the run.
         experiment_id: its experiment (where its traces are kept).
-        simulator: the simulator's name (on every TOOL span).
+        sources: the simulator (on every TOOL span) and the sources of the traces' feedback.
         html: write the credit view.
 
     """
 
     def __init__(
-        self, uri: str, run_id: str, experiment_id: str, *, simulator: str, html: bool = True
+        self,
+        uri: str,
+        run_id: str,
+        experiment_id: str,
+        *,
+        sources: TraceSources,
+        html: bool = True,
     ) -> None:
         self.uri = uri
         self.run_id = run_id
         self.experiment_id = experiment_id
-        self.simulator = simulator
+        self.sources = sources
         self.html = html
         self.warned: set[str] = set()
 
@@ -118,7 +125,7 @@ class RolloutLog:
                 record,
                 run_id=self.run_id,
                 experiment_id=self.experiment_id,
-                simulator=self.simulator,
+                sources=self.sources,
             )
 
     def _table(self, records: Sequence[RolloutRecord], step: int, split: str) -> None:

@@ -7,6 +7,9 @@
       per tool call           TOOL: inputs name and arguments; outputs the simulator's answer,
                               the simulator, its status and whether it came from the cache
       trace tags              step, split, group, sample, rank, algorithm, seed, engine
+      assessments             feedback: the rewards, the judge's rating and status, the
+                              advantages (:data:`FEEDBACK`): columns of the Traces tab, and
+                              ``search_traces(filter_string="feedback.reward_tool > 0.5")``
 
 Every name a trace carries is defined here once (:data:`TAGS`, :data:`ROOT_NUMBERS`, ...): both
 engines' traces carry the same names, and the engine-parity test compares them.
@@ -14,9 +17,10 @@ engines' traces carry the same names, and the engine-parity test compares them.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from slca_exp.core.tags import SIMULATOR
+from slca_exp.core.tags import ESTIMATOR, JUDGE, REWARD, SIMULATOR
 from slca_exp.rollouts.record import finite_or_none
 
 if TYPE_CHECKING:
@@ -77,9 +81,103 @@ TURN_ATTRIBUTES = ("slca.turn", "slca.segment", "slca.tokens")
 TOOL_ATTRIBUTES = ("slca.turn", SIMULATOR, "slca.status", "slca.cached")
 """A TOOL span's attributes (the simulator under the run tag's name: ``slca.simulator``)."""
 
+# The Traces tab shows the first five assessment names in alphabetical order as columns at
+# first (the others from its Columns menu): the advantages, the rating and the tool reward.
+FEEDBACK_TOOL = "reward_tool"
+FEEDBACK_PARTS = tuple(f"tool_{part}" for part in ("format", "name", "key", "value", "parallel"))
+FEEDBACK_RATING = "judge_rating"
+FEEDBACK_JUDGE = "judge_status"
+FEEDBACK_TOTAL = "reward_total"
+FEEDBACK_ADVANTAGES = ("advantage_tool", "advantage_summary")
+FEEDBACK = (
+    FEEDBACK_TOOL,
+    *FEEDBACK_PARTS,
+    FEEDBACK_RATING,
+    FEEDBACK_JUDGE,
+    FEEDBACK_TOTAL,
+    *FEEDBACK_ADVANTAGES,
+)
+"""Feedback names on every trace (as :data:`CONDITIONAL` numbers, only where known).
+
+- ``reward_tool`` and ``tool_<part>`` (the HierR parts): source CODE, the reward preset
+  (``slca.reward``);
+- ``judge_rating``: source LLM_JUDGE, the judge and its prompt version (``slca.judge``), the
+  judge's reason as rationale; a failed judgment is a feedback with an error (``JUDGE_FAILED``),
+  a short-circuit gives none;
+- ``judge_status``: ``ok`` | ``short_circuit`` | ``failed``, the same source, the reason as
+  rationale (``feedback.judge_status = 'failed'`` finds the failures);
+- ``reward_total``: the routed total, source CODE (the reward preset);
+- ``advantage_tool``, ``advantage_summary``: source CODE, the estimator (``slca.estimator``).
+"""
+JUDGE_FAILED = "JUDGE_FAILED"
+"""The error code of a failed judgment's ``judge_rating`` feedback."""
+
 ROOT_SPAN = "AGENT"
 TURN_SPAN = "CHAT_MODEL"
 TOOL_SPAN = "TOOL"
+
+
+@dataclass(frozen=True)
+class TraceSources:
+    """Who produced what a trace records: the recipe's names (redacted as the run's tags are).
+
+    Attributes:
+        simulator: on every TOOL span (``slca.simulator``).
+        reward: the source id of the reward feedback (``slca.reward``, e.g. ``hierr/strict``).
+        judge: the source id of the judge's feedback (``slca.judge``, e.g. ``rubric@rubric-v2``).
+        estimator: the source id of the advantages (``slca.estimator``, e.g. ``slca_grpo``).
+
+    """
+
+    simulator: str = ""
+    reward: str = ""
+    judge: str = ""
+    estimator: str = ""
+
+    @classmethod
+    def from_tags(cls, tags: dict[str, str]) -> TraceSources:
+        """The sources a recipe's tags name."""
+        return cls(*(tags.get(t, "") for t in (SIMULATOR, REWARD, JUDGE, ESTIMATOR)))
+
+
+def feedback(record: RolloutRecord, sources: TraceSources) -> list[Any]:
+    """The trace's assessments (:data:`FEEDBACK`), as MLflow ``Feedback``; unknowns left out."""
+    from mlflow.entities import AssessmentError, AssessmentSource, Feedback
+
+    code = AssessmentSource("CODE", sources.reward or "reward")
+    judge = AssessmentSource("LLM_JUDGE", sources.judge or "judge")
+    estimator = AssessmentSource("CODE", sources.estimator or "estimator")
+    r = record.rewards
+    numbers = [
+        (FEEDBACK_TOOL, r.tool, code),
+        *(
+            (name, r.components.get(part), code)
+            for name, part in zip(
+                FEEDBACK_PARTS, ("format", "name", "key", "value", "parallel"), strict=True
+            )
+        ),
+        (FEEDBACK_TOTAL, r.total, code),
+        (FEEDBACK_ADVANTAGES[0], record.tool_adv, estimator),
+        (FEEDBACK_ADVANTAGES[1], record.summary_adv, estimator),
+    ]
+    out = [
+        Feedback(name=name, value=number, source=source)
+        for name, value, source in numbers
+        if (number := finite_or_none(value)) is not None
+    ]
+    reason = r.judge_reason or None
+    if r.judge_status == "ok" and r.rating is not None:
+        out.append(
+            Feedback(name=FEEDBACK_RATING, value=int(r.rating), source=judge, rationale=reason)
+        )
+    elif r.judge_status == "failed":
+        error = AssessmentError(JUDGE_FAILED, reason or "the judge gave no rating")
+        out.append(Feedback(name=FEEDBACK_RATING, error=error, source=judge))
+    if r.judge_status:
+        out.append(
+            Feedback(name=FEEDBACK_JUDGE, value=r.judge_status, source=judge, rationale=reason)
+        )
+    return out
 
 
 def trace_tags(record: RolloutRecord) -> dict[str, str]:
@@ -132,19 +230,23 @@ def root_attributes(record: RolloutRecord) -> dict[str, Any]:
     return out
 
 
-def write_trace(record: RolloutRecord, *, run_id: str, experiment_id: str, simulator: str) -> str:
+def write_trace(
+    record: RolloutRecord, *, run_id: str, experiment_id: str, sources: TraceSources
+) -> str:
     """Write ``record`` as one trace linked to ``run_id``; returns the trace id.
 
     Uses MLflow's tracking URI of this process (``mlflow.set_tracking_uri``); the caller sets
-    it to the run's store.
+    it to the run's store. The assessments are attached while the trace is open, so they travel
+    with it in the one background export (no request of their own).
 
     Args:
         record: the rollout.
         run_id: the MLflow run the trace is linked to.
         experiment_id: the run's experiment (where the trace is stored).
-        simulator: the simulator's name, recorded on each TOOL span.
+        sources: the simulator (on each TOOL span) and the assessments' sources.
 
     """
+    simulator = sources.simulator
     import mlflow
     from mlflow.entities.trace_location import MlflowExperimentLocation
 
@@ -187,6 +289,8 @@ def write_trace(record: RolloutRecord, *, run_id: str, experiment_id: str, simul
                     span.set_attributes(_tool_attributes(call, assistant + 1, simulator))
         root.set_outputs({"summary": record.summary_text})
         mlflow.update_current_trace(tags=trace_tags(record))
+        for assessment in feedback(record, sources):
+            mlflow.log_assessment(trace_id=root.trace_id, assessment=assessment)
         return root.trace_id
 
 

@@ -32,10 +32,12 @@ def traces_of(client: MlflowClient, run_id: str) -> list:
 
 
 def signature(traces: list) -> dict[str, set[str]]:
-    """Span type -> the ``slca.*`` attribute names its spans carry; plus the trace tag names."""
-    out: dict[str, set[str]] = {"tags": set()}
+    """Span type -> the ``slca.*`` attribute names its spans carry; plus the trace tag names and
+    the feedback names with their source types."""
+    out: dict[str, set[str]] = {"tags": set(), "feedback": set()}
     for trace in traces:
         out["tags"] |= {t for t in trace.info.tags if t.startswith("slca.")}
+        out["feedback"] |= {f"{a.name}:{a.source.source_type}" for a in trace.info.assessments}
         for span in trace.data.spans:
             names = {a for a in span.attributes if a.startswith("slca.")}
             out.setdefault(span.span_type, set()).update(names)

@@ -3,6 +3,7 @@ sweep wrote (one job re-run on a split of another data seed, plus a GenAI experi
 untagged one), driven by Playwright with Debian's Chromium.
 Screenshots are kept in ``test-artifacts/browser/`` (or ``$SLCA_EXP_TEST_ARTIFACTS/browser/``)."""
 
+import dataclasses
 import os
 import re
 import shutil
@@ -23,11 +24,15 @@ from playwright.sync_api import expect
 from slca_exp.core.tags import EXPERIMENT_KIND
 from slca_exp.tracking import lineage
 from slca_exp.tracking.rollout_log import RolloutLog
+from slca_exp.tracking.rollout_traces import TraceSources
 from tests.rollouts.checks import traces_of
 from tests.rollouts.samples import step_records
 from tests.tracking.sweeps import SLCA_EXE, run_train, shared_sweep
 
 CHROMIUM = Path("/usr/bin/chromium")
+SOURCES = TraceSources("replay", "hierr/strict", "rubric@rubric-v2", "slca_grpo")
+TOOL_REWARDS = (0.35, 0.9, 0.6, 0.15, 0.75, 0.5, 0.25)
+"""The logged rollouts' tool rewards (train best/worst x 2, then 3 validation rollouts)."""
 ARTIFACTS = Path(
     os.environ.get("SLCA_EXP_TEST_ARTIFACTS", Path(__file__).parents[2] / "test-artifacts")
 )
@@ -192,7 +197,9 @@ def rollouts(sweep, server):
     run = next(c for c in sweep.children if c.info.run_id == sweep.reseeded)
     run_id, experiment = run.info.run_id, run.info.experiment_id
     records = [*step_records(step=10), *step_records(step=10, split="val")]
-    log = RolloutLog(server, run_id, experiment, simulator="replay")
+    for record, tool in zip(records, TOOL_REWARDS, strict=True):  # distinct: a sort shows
+        record.rewards = dataclasses.replace(record.rewards, tool=tool)
+    log = RolloutLog(server, run_id, experiment, sources=SOURCES)
     start = time.monotonic()
     try:
         log.log(records[:4], 10, "train")
@@ -466,6 +473,53 @@ def test_the_runs_traces_tab_lists_its_rollouts_and_shows_a_tool_span(server, ro
         expect(pane.get_by_text(shown, exact=True)).to_be_visible()
     print(f"traces listed in {listed:.1f}s, TOOL span shown in {time.monotonic() - start:.1f}s")
     assert shot(page, "trace_tool_span.png", full_page=False).stat().st_size > 10_000
+    assert refused == []
+
+
+def column(page, name: str) -> list[str]:
+    """The texts of the traces table's column ``name``, row by row, as shown."""
+    rows = page.locator('[role="row"]')
+    header = rows.filter(has=page.get_by_role("columnheader", name="Trace ID"))
+    names = [h.split("\n")[0] for h in header.get_by_role("columnheader").all_inner_texts()]
+    index = names.index(name)
+    return [row.get_by_role("cell").nth(index).inner_text() for row in rows.all()[2:]]
+
+
+def test_the_traces_tab_shows_rewards_as_assessments_sorts_by_them_and_marks_a_failed_judge(
+    server, rollouts, tab
+):
+    page, refused = tab
+    base = f"{server}/#/experiments/{rollouts.experiment_id}/runs/{rollouts.run_id}"
+    page.goto(f"{base}?{TRAINING}")
+    page.get_by_role("tab", name="Traces", exact=True).click(timeout=WAIT_MS)
+    headers = page.locator('[role="columnheader"]')
+    # The first five assessment names are columns from the start: the tool reward among them.
+    for name in ("reward_tool", "judge_rating", "judge_status", "advantage_tool"):
+        expect(headers.filter(has_text=re.compile(f"^{name}"))).to_have_count(1, timeout=WAIT_MS)
+    expect(page.locator('[role="row"]')).to_have_count(2 + len(rollouts.records))
+    page.get_by_role("button", name="Sort", exact=True).click()
+    page.get_by_text("reward_tool", exact=True).last.click()
+    page.get_by_role("button", name=re.compile("^Sort: reward_tool")).click()
+    page.get_by_role("button", name="Sort descending", exact=True).click()
+    page.keyboard.press("Escape")
+    want = [f"{t:g}" for t in sorted(TOOL_REWARDS, reverse=True)]
+    deadline = time.monotonic() + 30
+    while column(page, "reward_tool") != want and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert column(page, "reward_tool") == want
+    # The failed judgment: a failed assessment (Error), not a score; its status says failed.
+    failed = [r for r in rollouts.records if r.rewards.judge_status == "failed"]
+    assert len(failed) == 1
+    ratings, statuses = column(page, "judge_rating"), column(page, "judge_status")
+    at = want.index(f"{failed[0].rewards.tool:g}")
+    assert (ratings[at], statuses[at]) == ("Error", "failed")
+    assert [r for i, r in enumerate(ratings) if i != at] == [
+        str(r.rewards.rating)
+        for r in sorted(rollouts.records, key=lambda r: -r.rewards.tool)
+        if r.rewards.judge_status == "ok"
+    ]
+    page.set_viewport_size({"width": 1700, "height": 800})  # every assessment column in view
+    assert shot(page, "run_traces_assessments.png", full_page=False).stat().st_size > 10_000
     assert refused == []
 
 

@@ -11,9 +11,17 @@ from mlflow import MlflowClient
 from slca_exp.rollouts.files import artifact_path, read_records
 from slca_exp.tracking import rollout_traces
 from slca_exp.tracking.rollout_log import RolloutLog, table_columns
-from slca_exp.tracking.rollout_traces import ROOT_NUMBERS, TAGS
+from slca_exp.tracking.rollout_traces import (
+    FEEDBACK,
+    JUDGE_FAILED,
+    ROOT_NUMBERS,
+    TAGS,
+    TraceSources,
+)
 from tests.rollouts.checks import traces_of
 from tests.rollouts.samples import step_records
+
+SOURCES = TraceSources("replay", "hierr/strict", "rubric@rubric-v2", "slca_grpo")
 
 
 def run_config(tmp_path):
@@ -39,7 +47,7 @@ def store(tmp_path):
 def test_each_record_is_a_trace_of_the_run_with_its_numbers_and_tags(store, tmp_path):
     client, uri, run_id, experiment = store
     records = step_records(step=10) + step_records(step=10, split="val")
-    log = RolloutLog(uri, run_id, experiment, simulator="replay")
+    log = RolloutLog(uri, run_id, experiment, sources=SOURCES)
     log.log(records[:4], 10, "train")
     log.log(records[4:], 10, "val")
     log.flush()
@@ -84,8 +92,49 @@ def test_each_record_is_a_trace_of_the_run_with_its_numbers_and_tags(store, tmp_
             "status": "ok",
             "cached": False,
         }
-    # the Traces tab's filters: by step, split, group, rank
+        # the rewards, the rating and the advantages as feedback, each from its source
+        got = {a.name: a for a in trace.info.assessments}
+        want = {f.name: f for f in rollout_traces.feedback(record, SOURCES)}
+        assert set(got) == set(want) <= set(FEEDBACK)
+        for name, a in got.items():
+            assert (a.value, a.rationale, a.source.source_type, a.source.source_id) == (
+                want[name].value,
+                want[name].rationale,
+                want[name].source.source_type,
+                want[name].source.source_id,
+            )
+        assert got["reward_tool"].value == record.rewards.tool
+        assert got["reward_tool"].source.source_id == "hierr/strict"
+        assert got["judge_status"].value == record.rewards.judge_status
+        if record.rewards.rating is None:  # a failed judgment: a failure, not a score
+            assert got["judge_rating"].value is None
+            assert got["judge_rating"].error.error_code == JUDGE_FAILED
+            assert got["judge_rating"].error.error_message == record.rewards.judge_reason
+        else:
+            assert got["judge_rating"].value == record.rewards.rating
+            assert got["judge_rating"].source.source_type == "LLM_JUDGE"
+            assert got["judge_rating"].source.source_id == "rubric@rubric-v2"
+        if record.split == "val":
+            assert "advantage_tool" not in got
+        else:
+            assert got["advantage_summary"].value == record.summary_adv
+            assert got["advantage_summary"].source.source_id == "slca_grpo"
+    # the Traces tab's filters: by step, split, group, rank; and by feedback
     mlflow.set_tracking_uri(uri)
+    failed = mlflow.search_traces(
+        run_id=run_id,
+        locations=[experiment],
+        filter_string="feedback.judge_status = 'failed'",
+        return_type="list",
+    )
+    assert len(failed) == sum(r.rewards.judge_status == "failed" for r in records) > 0
+    high = mlflow.search_traces(
+        run_id=run_id,
+        locations=[experiment],
+        filter_string="feedback.reward_tool > 0.5",
+        return_type="list",
+    )
+    assert len(high) == sum(r.rewards.tool > 0.5 for r in records) > 0
     found = mlflow.search_traces(
         run_id=run_id,
         locations=[experiment],
@@ -98,7 +147,7 @@ def test_each_record_is_a_trace_of_the_run_with_its_numbers_and_tags(store, tmp_
 def test_the_table_the_records_and_the_credit_view_are_the_runs_artifacts(store, tmp_path):
     client, uri, run_id, experiment = store
     records = step_records(step=10)
-    RolloutLog(uri, run_id, experiment, simulator="replay").log(records, 10, "train")
+    RolloutLog(uri, run_id, experiment, sources=SOURCES).log(records, 10, "train")
     table_file = artifact_path("train", 10, "json")
     table = json.loads(
         Path(client.download_artifacts(run_id, table_file, str(tmp_path))).read_text()
@@ -123,7 +172,7 @@ def test_a_store_that_refuses_is_reported_once_and_nothing_raises(store, capsys,
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "0")
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "5")
-    log = RolloutLog("http://127.0.0.1:9", run_id, experiment, simulator="replay")
+    log = RolloutLog("http://127.0.0.1:9", run_id, experiment, sources=SOURCES)
     for step in (1, 10, 20):
         log.log(step_records(step=step), step, "train")
     log.flush()  # traces are sent in the background: their failures come in here

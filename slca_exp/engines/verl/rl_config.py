@@ -268,17 +268,21 @@ def our_section(config: RunConfig) -> dict[str, Any]:
 def rollout_section(config: RunConfig, recipe: Recipe | None) -> dict[str, Any]:
     """``slca_exp.rollouts``: which rollouts slca-exp's trainer logs, and what it tags them with.
 
-    ``tracking.rollouts`` plus the run's algorithm, seed and engine and the simulator's name,
-    as the local engine records them.
+    ``tracking.rollouts`` plus the run's algorithm, seed and engine and the names the traces
+    record (the simulator, and the sources of their feedback), as the local engine records them.
     """
-    from slca_exp.core.tags import SIMULATOR
     from slca_exp.tracking.redact import Redactor
+    from slca_exp.tracking.rollout_traces import TraceSources
 
-    simulator = recipe.tags().get(SIMULATOR, "") if recipe is not None else ""
+    redact = Redactor.for_config(config).text
+    tags = {k: redact(v) for k, v in recipe.tags().items()} if recipe is not None else {}
+    sources = TraceSources.from_tags(tags)
+    if not sources.simulator:
+        sources = dataclasses.replace(sources, simulator=redact(config.simulator.backend))
     return {
         **dataclasses.asdict(config.tracking.rollouts),
         "run": {"algorithm": config.algorithm.name, "seed": config.seed, "engine": "verl"},
-        "simulator": Redactor.for_config(config).text(simulator or config.simulator.backend),
+        "sources": dataclasses.asdict(sources),
     }
 
 

@@ -28,6 +28,7 @@ import torch
 
 from slca_exp.rollouts.batch import BatchView, samples_within_groups
 from slca_exp.rollouts.record import Answer, Rewards, prompt_id
+from slca_exp.tracking.rollout_traces import TraceSources
 
 ANSWERS_KEY = "slca/sim_answers"
 """A rollout's ``extra_fields`` list of the simulator's answers (one dict per call)."""
@@ -260,8 +261,8 @@ class ValidationCapture:
 class ActiveRunLog:
     """Logs records to the runs verl's loggers write in this process (MLflow, W&B)."""
 
-    def __init__(self, simulator: str, html: bool) -> None:
-        self.simulator = simulator
+    def __init__(self, sources: TraceSources, html: bool) -> None:
+        self.sources = sources
         self.html = html
         self._mlflow: Any = None
         self._warned = False
@@ -280,7 +281,7 @@ class ActiveRunLog:
                     mlflow.get_tracking_uri(),
                     run.info.run_id,
                     run.info.experiment_id,
-                    simulator=self.simulator,
+                    sources=self.sources,
                     html=self.html,
                 )
             self._mlflow.log(records, step, split)

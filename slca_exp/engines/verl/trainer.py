@@ -64,6 +64,7 @@ from slca_exp.engines.verl.tools import simulator_metrics
 from slca_exp.rollouts.batch import logged_rollouts
 from slca_exp.rollouts.select import due
 from slca_exp.services.outage import ServiceWatch
+from slca_exp.tracking.rollout_traces import TraceSources
 
 TRAINER_MODE = "slca_sync"
 """``trainer.v1.trainer_mode`` of :class:`SLCATrainer`."""
@@ -319,9 +320,8 @@ class SLCATrainer(PPOTrainerSync):
         log = getattr(self, "_rollouts", None)
         if log is None:
             settings = self._rollout_settings()
-            log = self._rollouts = ActiveRunLog(
-                str(settings["simulator"]) if settings else "", bool(settings and settings["html"])
-            )
+            sources = TraceSources(**dict(settings["sources"])) if settings else TraceSources()
+            log = self._rollouts = ActiveRunLog(sources, bool(settings and settings["html"]))
         return log
 
     def _service_watch(self) -> ServiceWatch:

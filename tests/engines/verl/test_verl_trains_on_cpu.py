@@ -409,6 +409,19 @@ def test_the_runs_rollouts_are_traces_with_a_table_and_a_credit_view(verl_run, t
             if int(mask.sum()) == tokens and float(adv[mask.bool()][-1]) == summary_adv
         ]
         assert matches, (step, root)
+    # the rewards and advantages as feedback, from the recipe's reward, judge and estimator
+    tags = verl_run.client.get_run(verl_run.run_id).data.tags
+    for trace in train:
+        root = trace.data.spans[0].attributes
+        got = {a.name: a for a in trace.info.assessments}
+        assert got["advantage_summary"].value == root["slca.adv.summary"]
+        assert got["reward_tool"].value == root["slca.reward.tool"]
+        assert got["reward_tool"].source.source_id == tags["slca.reward"]
+        assert got["advantage_tool"].source.source_id == tags["slca.estimator"]
+        assert got["judge_status"].value == root["slca.judge.status"]
+        assert got["judge_status"].source.source_id == tags["slca.judge"]
+        if "slca.reward.rating" in root:
+            assert got["judge_rating"].value == root["slca.reward.rating"]
     tools = [s for t in train for s in t.data.spans if s.span_type == "TOOL"]
     assert all(s.outputs["simulator"].startswith("sgls") for s in tools)
     # Which calls the logged rollouts hold, and so which of the simulator's alternating
@@ -431,9 +444,11 @@ def test_both_engines_traces_carry_the_same_span_kinds_and_attribute_names(verl_
     verl = signature(
         check_run_rollouts(verl_run.client, verl_run.run_id, local_run[2] / "v")["train"]
     )
-    assert set(local) == set(verl) == {"tags", "AGENT", "CHAT_MODEL", "TOOL"}
+    assert set(local) == set(verl) == {"tags", "feedback", "AGENT", "CHAT_MODEL", "TOOL"}
     for kind in local:
         assert local[kind] - CONDITIONAL == verl[kind] - CONDITIONAL, kind
+    # judge_rating: only where a judge rated (both runs' train traces hold some)
+    assert "judge_rating:LLM_JUDGE" in local["feedback"] & verl["feedback"]
 
 
 def test_the_run_finishes_every_step_in_the_recipes_mlflow_run(verl_run):
