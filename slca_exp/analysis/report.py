@@ -12,6 +12,8 @@ The page is written from the store alone, so that no number in it is typed by ha
   separates, the seeds the measured variance would need;
 - the gradient conflict (``train/grad_cos`` and the two segment gradient norms, each a mean over
   steps) per group, when logged;
+- the validation prompts that moved most between the two algorithms of the sweep, from the runs'
+  logged rollouts (:mod:`slca_exp.analysis.prompts`);
 - the benchmark scores (``eval/<benchmark>/<category>``, ``slca-exp eval``) per group, when
   the runs were scored, with each benchmark's version and sample;
 - the plots, copied into ``<OUT stem>_files/`` beside the page.
@@ -139,6 +141,7 @@ def write_report(
                 cos,
             ),
         ]
+    lines += _moved_section(observe, selection)
     lines += _benchmark_section(observe, runs, groups)
     if plots:
         lines += ["", "## Plots", ""]
@@ -149,6 +152,28 @@ def write_report(
             lines += [f"![{plot.stem}]({files.name}/{plot.name})", ""]
     out.write_text("\n".join(lines).rstrip() + "\n")
     return out
+
+
+def _moved_section(observe: Observations, selection: Selection) -> list[str]:
+    """The validation prompts that moved most between the sweep's two algorithms."""
+    from slca_exp.analysis.prompts import SHOWN, moved_prompts, moved_rows
+    from slca_exp.tracking.sweep_runs import markdown_table
+
+    found = moved_prompts(observe.client, selection.runs, selection.swept)
+    if found is None:
+        return []
+    algorithms, moved = found
+    return [
+        "",
+        "## The prompts that moved most",
+        "",
+        f"Each run's last logged validation rollouts, paired by prompt with the run of the other "
+        f"algorithm that shares its seed and every other swept value; means over those pairs, "
+        f"the {min(SHOWN, len(moved))} prompts (of {len(moved)}) whose total changed most "
+        f"(`slca-exp rollouts RUN_A --against RUN_B --val` shows one pair in full):",
+        "",
+        markdown_table(*moved_rows(algorithms, moved)),
+    ]
 
 
 def _notes(study: str) -> dict[str, str]:

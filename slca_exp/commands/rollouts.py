@@ -1,6 +1,7 @@
 """``slca-exp rollouts``: a run's logged rollouts in the terminal, segment by segment.
 
     slca-exp rollouts RUN [--step N] [--val] [--best | --worst] [--html OUT] [--tracking-uri URI]
+    slca-exp rollouts RUN_A --against RUN_B [--val] [--step N] [--best | --worst]
 
 A training run logs a sample of its rollouts as artifacts (``slca_exp/rollouts/files.py``):
 ``rollouts/<split>/step_<NNNNNN>.jsonl``, one :class:`~slca_exp.rollouts.record.RolloutRecord`
@@ -15,6 +16,11 @@ per line. This command reads them back:
       -> stdout   per rollout: header, rewards, segment advantages, the turns with their
                   segment markers and each call with its answer
       -> --html   the same rollouts' credit view (tracking/credit_view.py)
+
+With ``--against RUN_B`` the same split of a second run is read (its last logged step, or
+``--step N`` in both) and the rollouts of the same prompt pair up (``rollouts/pairing.py``): per
+prompt both runs' calls, summaries and rewards and ``B - A``, the most changed first, then the
+mean change and how many prompts B is ahead on.
 
 Colour (ANSI) is used only when stdout is a terminal and ``NO_COLOR`` is unset or empty
 (no-color.org); piped or redirected output is plain text. Text a model wrote is printed with its
@@ -56,6 +62,8 @@ def main(argv: Sequence[str]) -> int:
         return int(exit_.code or 0)
     try:
         _check_html(args.html)
+        if args.against is not None:
+            return _against(args)
         return _show(args)
     except (RolloutsError, readback.ReadbackError) as err:
         print(f"{PREFIX}{err}", file=sys.stderr)
@@ -74,18 +82,7 @@ def _show(args: argparse.Namespace) -> int:
     split = "val" if args.val else "train"
     try:
         client = MlflowClient(tracking_uri=uri)
-        run = readback.find_run(client, args.run)
-        label = _run_label(run)
-        steps = readback.logged_steps(client, run.info.run_id, split)
-        if not steps:
-            other = next(s for s in SPLITS if s != split)
-            raise RolloutsError(
-                no_rollouts_message(
-                    label, split, readback.logged_steps(client, run.info.run_id, other)
-                )
-            )
-        step = choose_step(steps, args.step, split, label)
-        records = readback.download_records(uri, run.info.run_id, split, step)
+        label, steps, step, records = _read(client, uri, args.run, split, args.step)
     except MlflowException as err:
         raise RolloutsError(f"MLflow at {shown_uri(uri)}: {err.message}") from err
     rank = "best" if args.best else "worst" if args.worst else None
@@ -98,6 +95,103 @@ def _show(args: argparse.Namespace) -> int:
     if args.html is not None:
         _write_html(args.html, selected, f"{label} · {split} step {step}")
     return 0
+
+
+def _read(
+    client: Any,  # noqa: ANN401 - an MlflowClient
+    uri: str,
+    target: str,
+    split: str,
+    wanted: int | None,
+) -> tuple[str, list[int], int, list[RolloutRecord]]:
+    """(run label, logged steps, the step, its records) of one run's ``split`` rollouts."""
+    run = readback.find_run(client, target)
+    label = _run_label(run)
+    steps = readback.logged_steps(client, run.info.run_id, split)
+    if not steps:
+        other = next(s for s in SPLITS if s != split)
+        raise RolloutsError(
+            no_rollouts_message(label, split, readback.logged_steps(client, run.info.run_id, other))
+        )
+    step = choose_step(steps, wanted, split, label)
+    return label, steps, step, readback.download_records(uri, run.info.run_id, split, step)
+
+
+def _against(args: argparse.Namespace) -> int:
+    """Pair two runs' rollouts of the same prompts and print them side by side."""
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
+    from slca_exp.rollouts.pairing import pair_rollouts
+    from slca_exp.tracking.rollout_text import render_pair
+    from slca_exp.tracking.uris import absolute_uri, default_tracking_uri
+
+    if args.html is not None:
+        raise RolloutsError("--html shows one run's rollouts: drop --against, or drop --html")
+    uri = absolute_uri(args.tracking_uri) if args.tracking_uri else default_tracking_uri()
+    readback.check_store(uri, explicit=bool(args.tracking_uri))
+    split = "val" if args.val else "train"
+    try:
+        client = MlflowClient(tracking_uri=uri)
+        label_a, _, step_a, a = _read(client, uri, args.run, split, args.step)
+        label_b, _, step_b, b = _read(client, uri, args.against, split, args.step)
+    except MlflowException as err:
+        raise RolloutsError(f"MLflow at {shown_uri(uri)}: {err.message}") from err
+    rank = "best" if args.best else "worst" if args.worst else None
+    a = _select(a, rank, split, step_a)
+    b = _select(b, rank, split, step_b)
+    pairing = pair_rollouts(a, b)
+    palette = Palette.for_stream(sys.stdout)
+    print(palette.bold(f"A: {label_a}, {split} step {step_a}"))
+    print(palette.bold(f"B: {label_b}, {split} step {step_b}"))
+    if not pairing.pairs:
+        raise RolloutsError(_unpaired(pairing, split))
+    for pair in pairing.pairs:
+        print()
+        print(render_pair(pair, palette))
+    print()
+    print(_pairing_summary(pairing, split))
+    return 0
+
+
+def _pairing_summary(pairing: Any, split: str) -> str:  # noqa: ANN401 - a Pairing
+    from slca_exp.tracking.rollout_text import signed_number
+
+    n = len(pairing.pairs)
+    means = ", ".join(
+        f"{name} {signed_number(pairing.mean_delta(name))}" for name in ("tool", "summary", "total")
+    )
+    ahead, behind, level = pairing.counts()
+    lines = [
+        f"{n} {split} prompt{'s' if n != 1 else ''} paired. Mean B - A: {means}. "
+        f"By the total, B is ahead on {ahead}, behind on {behind}, level on {level}."
+    ]
+    for what, keys in (
+        ("only in A", pairing.only_a),
+        ("only in B", pairing.only_b),
+        ("the same id with a different prompt (not paired)", pairing.different_prompt),
+    ):
+        if keys:
+            lines.append(f"{what}: {', '.join(keys)}")
+    return "\n".join(lines)
+
+
+def _unpaired(pairing: Any, split: str) -> str:  # noqa: ANN401 - a Pairing
+    if pairing.different_prompt:
+        return (
+            f"no {split} rollout of the two runs shows the same prompt: their prompt ids match "
+            f"({', '.join(pairing.different_prompt[:4])}) but the questions differ, so the runs "
+            "used different data (data.seed, data.rows or data=). Pair runs of one sweep's seed."
+        )
+    return (
+        f"the two runs logged no {split} rollout of the same prompt (A: "
+        f"{', '.join(pairing.only_a[:4]) or 'none'}; B: {', '.join(pairing.only_b[:4]) or 'none'})"
+        + (
+            ". Training rollouts pair only where both runs logged the same group: try --val"
+            if split == "train"
+            else ""
+        )
+    )
 
 
 def _select(
@@ -214,6 +308,12 @@ def _parser() -> argparse.ArgumentParser:
         type=Path,
         metavar="OUT",
         help="also write the selected rollouts' credit view (token-level advantages) to OUT",
+    )
+    parser.add_argument(
+        "--against",
+        metavar="RUN_B",
+        help="a second run: pair the rollouts of the same prompts (the same split and step) "
+        "and print both, their rewards and B - A, the most changed first",
     )
     parser.add_argument(
         "--tracking-uri",

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from slca_exp.core.names import TOOL_COMPONENTS
+from slca_exp.rollouts.pairing import REWARDS, Pair, question
 from slca_exp.rollouts.record import Call, RolloutRecord, Turn
 
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
@@ -66,6 +67,31 @@ def render(record: RolloutRecord, palette: Palette) -> str:
     return "\n".join(lines)
 
 
+def render_pair(pair: Pair, palette: Palette) -> str:
+    """One prompt in two runs: per run its calls, summary and rewards, then ``B - A``."""
+    lines = [palette.bold(f"━━ {pair.key} · {_printable(question(pair.a))} ━━")]
+    for side, record in (("A", pair.a), ("B", pair.b)):
+        rewards = record.rewards
+        rating = "—" if rewards.rating is None else f"{rewards.rating}/5"
+        lines.append(
+            f"{side}  tool {_num(rewards.tool)}  summary {_num(rewards.summary)} (rating "
+            f"{rating}, judge {rewards.judge_status})  total {_num(rewards.total)}"
+        )
+        calls = ", ".join(
+            f"{_printable(c.name)}({_printable(json.dumps(c.arguments, ensure_ascii=False))})"
+            for c in record.calls
+        )
+        lines.append(f"   calls: {calls or '(none)'}")
+        summary = record.summary_text or (
+            "(cut off: no summary)" if record.ends_on_tool_call else ""
+        )
+        lines.append(palette.segment("summary", f"   summary: {_printable(summary)}"))
+    deltas = [(name, pair.delta(name)) for name in REWARDS]
+    shown = "  ".join(f"{name} {palette.signed(d, _num(d, '+.3f'))}" for name, d in deltas)
+    lines.append(f"B - A  {shown}")
+    return "\n".join(lines)
+
+
 def _header(record: RolloutRecord) -> str:
     rank = record.rank or "unranked"
     return (
@@ -113,9 +139,7 @@ def _advantage_line(record: RolloutRecord, palette: Palette) -> str:
 
 def _prompt_lines(record: RolloutRecord) -> list[str]:
     asked = [m for m in record.prompt if m.get("role") == "user"]
-    if not asked:
-        return []
-    return [f"prompt  {_printable(str(asked[-1].get('content', '')))}"]
+    return [f"prompt  {_printable(question(record))}"] if asked else []
 
 
 def _response_lines(record: RolloutRecord, palette: Palette) -> list[str]:
@@ -159,6 +183,11 @@ def _call_line(call: Call) -> str:
     if answer.cached is not None:
         how.append("cached" if answer.cached else "not cached")
     return f"{head}\n    answer ({', '.join(how)}): {_printable(answer.content)}"
+
+
+def signed_number(value: float | None) -> str:
+    """``+0.125`` / ``-0.050``; ``—`` for a missing value."""
+    return _num(value, "+.3f")
 
 
 def _num(value: float | None, spec: str = ".3f") -> str:
