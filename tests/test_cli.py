@@ -100,6 +100,7 @@ def test_unknown_option_is_one_clear_line(tmp_path, command):
 COMMAND_MODULES = {  # the commands whose help argparse writes: their sub-commands are found there
     "compare": "slca_exp.commands.compare",
     "rollouts": "slca_exp.commands.rollouts",
+    "rejudge": "slca_exp.commands.rejudge",
     "ui": "slca_exp.commands.ui",
     "data": "slca_exp.commands.data",
     "serve": "slca_exp.commands.serve",

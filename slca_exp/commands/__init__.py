@@ -8,6 +8,9 @@
                      [--out DIR] [--ui-url URL]  table, plots and MLflow compare link of a sweep
     slca-exp rollouts RUN [--step N] [--val] [--best | --worst] [--html OUT] [--tracking-uri URI]
                       a run's logged rollouts: rewards, segment advantages, the turns by segment
+    slca-exp rejudge RUN_OR_SWEEP judge=OPTION [judge.KEY=VALUE ...] [--split all|train|val]
+                     [--tracking-uri URI]  the logged rollouts rated by another judge, as feedback
+                     on their traces; how the judges agree
     slca-exp ui [--tracking-uri URI] [--host HOST] [--port PORT]  MLflow's UI on the runs'
                 store, each experiment in its own view (training runs: Model training)
     slca-exp serve up service=NAME [launcher=PROFILE] | status | down NAME  the frozen judge and
@@ -30,7 +33,17 @@ from slca_exp.core.problems import EXIT_BAD_CONFIG
 
 USAGE = __doc__.split("\n\n")[1]
 
-COMMANDS = ("train", "validate", "compare", "rollouts", "ui", "serve", "eval", "data")
+COMMANDS = (
+    "train",
+    "validate",
+    "compare",
+    "rollouts",
+    "rejudge",
+    "ui",
+    "serve",
+    "eval",
+    "data",
+)
 """Each is a module of this package whose ``main(argv) -> int`` runs it."""
 
 

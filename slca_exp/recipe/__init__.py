@@ -119,8 +119,8 @@ class Recipe:
         return {
             BACKBONE: _backbone_tag(self.backbone),
             REWARD: f"{self.reward['name']}/{self.reward['variant']}",
-            JUDGE: _service_tag(self.judge),
-            SIMULATOR: _service_tag(self.simulator),
+            JUDGE: service_tag(self.judge),
+            SIMULATOR: service_tag(self.simulator),
             DATA: _data_tag(self.data),
             ESTIMATOR: str(self.algorithm["name"]),
             FINGERPRINT: self.short_fingerprint,
@@ -210,7 +210,8 @@ def _backbone_tag(b: dict[str, Any]) -> str:
     return f"{b['source']}:{ref}" + (f"@{str(b['revision'])[:12]}" if b.get("revision") else "")
 
 
-def _service_tag(s: dict[str, Any]) -> str:
+def service_tag(s: dict[str, Any]) -> str:
+    """A judge's or simulator's tag (``backend[:model][@prompt version]``) from its component."""
     tag = str(s.get("backend") or s.get("name"))
     if s.get("model"):
         tag += f":{s['model']}"

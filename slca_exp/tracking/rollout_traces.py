@@ -17,6 +17,7 @@ engines' traces carry the same names, and the engine-parity test compares them.
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -246,6 +247,19 @@ def write_trace(
         sources: the simulator (on each TOOL span) and the assessments' sources.
 
     """
+    # Trace and span ids come from Python's global random generator (OpenTelemetry's
+    # RandomIdGenerator), which the engines seed with the run's seed: two runs of one seed would
+    # draw the same ids, and the later run's traces would replace the earlier's in the store.
+    # The ids get fresh entropy; the run's own random stream is put back untouched.
+    state = random.getstate()
+    random.seed()
+    try:
+        return _write(record, run_id, experiment_id, sources)
+    finally:
+        random.setstate(state)
+
+
+def _write(record: RolloutRecord, run_id: str, experiment_id: str, sources: TraceSources) -> str:
     simulator = sources.simulator
     import mlflow
     from mlflow.entities.trace_location import MlflowExperimentLocation

@@ -33,6 +33,8 @@ def test_the_rollout_cost_benchmark_reports_the_cost_and_the_store_size(tmp_path
     assert res.returncode == 0, res.stderr[-3000:]
     figures = json.loads(out.read_text())
     assert math.isfinite(figures["cost"]) and figures["cost"] > 0
+    assert figures["cost_with_export"] >= figures["cost"]  # the export can only add
+    assert "with the background export:" in res.stdout
     assert math.isfinite(figures["mb_per_1000"]) and figures["mb_per_1000"] > 0
     assert "% of the every=0 step (goal <= 3 %)" in res.stdout
     assert "MB per 1000 steps at the defaults" in res.stdout

@@ -2,6 +2,7 @@
 
 import json
 import math
+import random
 from pathlib import Path
 
 import mlflow
@@ -231,3 +232,19 @@ def test_secrets_are_redacted_from_every_trace_and_file(tmp_path):
     assert any("<redacted>" in t for t in texts)
     assert leaks(secret, [tmp_path], texts) == []
     assert not math.isnan(records[0].rewards.total)
+
+
+def test_runs_seeded_alike_keep_every_trace_and_their_own_random_stream(store):
+    """Trace ids must not follow the run's seed: runs of one seed would overwrite each other."""
+    client, uri, run_id, experiment = store
+    other = client.create_run(experiment).info.run_id
+    records = step_records(step=1)
+    random.seed(0)
+    expected = random.random()
+    for run in (run_id, other):
+        random.seed(0)  # as an engine seeds every run of seed 0
+        log = RolloutLog(uri, run, experiment, sources=SOURCES)
+        log.log(records, 1, "train")
+        assert random.random() == expected  # the run's stream is as if nothing was logged
+    log.flush()
+    assert len(traces_of(client, run_id)) == len(traces_of(client, other)) == len(records)
