@@ -158,7 +158,7 @@ def _rejudge(args: argparse.Namespace) -> int:
 
 
 def _runs(client: Any, target: str) -> tuple[str, list[Any], list[str]]:  # noqa: ANN401
-    from slca_exp.analysis.runs import find_runs
+    from slca_exp.analysis.runs import CompareError, find_runs
     from slca_exp.tracking import readback
 
     if readback.looks_like_run_id(target):
@@ -167,7 +167,7 @@ def _runs(client: Any, target: str) -> tuple[str, list[Any], list[str]]:  # noqa
             return f"run {target}", [run], []
     try:
         selection = find_runs(client, target)
-    except Exception:  # noqa: BLE001 - not a sweep: a run id or name
+    except CompareError:  # not a sweep, a parent run or an experiment: a run id or name
         run = readback.find_run(client, target)
         return f"run {run.info.run_name or run.info.run_id}", [run], []
     return selection.label, selection.runs, list(selection.swept)

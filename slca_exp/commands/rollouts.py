@@ -72,19 +72,8 @@ def main(argv: Sequence[str]) -> int:
 
 def _show(args: argparse.Namespace) -> int:
     """Find the run and step, print the selected rollouts, write the credit view."""
-    from mlflow.exceptions import MlflowException
-    from mlflow.tracking import MlflowClient
-
-    from slca_exp.tracking.uris import absolute_uri, default_tracking_uri
-
-    uri = absolute_uri(args.tracking_uri) if args.tracking_uri else default_tracking_uri()
-    readback.check_store(uri, explicit=bool(args.tracking_uri))
     split = "val" if args.val else "train"
-    try:
-        client = MlflowClient(tracking_uri=uri)
-        label, steps, step, records = _read(client, uri, args.run, split, args.step)
-    except MlflowException as err:
-        raise RolloutsError(f"MLflow at {shown_uri(uri)}: {err.message}") from err
+    ((label, steps, step, records),) = _read_runs(args, [args.run], split)
     rank = "best" if args.best else "worst" if args.worst else None
     selected = _select(records, rank, split, step)
     palette = Palette.for_stream(sys.stdout)
@@ -95,6 +84,24 @@ def _show(args: argparse.Namespace) -> int:
     if args.html is not None:
         _write_html(args.html, selected, f"{label} · {split} step {step}")
     return 0
+
+
+def _read_runs(
+    args: argparse.Namespace, targets: Sequence[str], split: str
+) -> list[tuple[str, list[int], int, list[RolloutRecord]]]:
+    """Per target run (in the store ``--tracking-uri`` names): :func:`_read`'s four parts."""
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
+    from slca_exp.tracking.uris import absolute_uri, default_tracking_uri
+
+    uri = absolute_uri(args.tracking_uri) if args.tracking_uri else default_tracking_uri()
+    readback.check_store(uri, explicit=bool(args.tracking_uri))
+    try:
+        client = MlflowClient(tracking_uri=uri)
+        return [_read(client, uri, target, split, args.step) for target in targets]
+    except MlflowException as err:
+        raise RolloutsError(f"MLflow at {shown_uri(uri)}: {err.message}") from err
 
 
 def _read(
@@ -119,24 +126,15 @@ def _read(
 
 def _against(args: argparse.Namespace) -> int:
     """Pair two runs' rollouts of the same prompts and print them side by side."""
-    from mlflow.exceptions import MlflowException
-    from mlflow.tracking import MlflowClient
-
     from slca_exp.rollouts.pairing import pair_rollouts
     from slca_exp.tracking.rollout_text import render_pair
-    from slca_exp.tracking.uris import absolute_uri, default_tracking_uri
 
     if args.html is not None:
         raise RolloutsError("--html shows one run's rollouts: drop --against, or drop --html")
-    uri = absolute_uri(args.tracking_uri) if args.tracking_uri else default_tracking_uri()
-    readback.check_store(uri, explicit=bool(args.tracking_uri))
     split = "val" if args.val else "train"
-    try:
-        client = MlflowClient(tracking_uri=uri)
-        label_a, _, step_a, a = _read(client, uri, args.run, split, args.step)
-        label_b, _, step_b, b = _read(client, uri, args.against, split, args.step)
-    except MlflowException as err:
-        raise RolloutsError(f"MLflow at {shown_uri(uri)}: {err.message}") from err
+    (label_a, _, step_a, a), (label_b, _, step_b, b) = _read_runs(
+        args, [args.run, args.against], split
+    )
     rank = "best" if args.best else "worst" if args.worst else None
     a = _select(a, rank, split, step_a)
     b = _select(b, rank, split, step_b)

@@ -21,6 +21,7 @@ import random
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from slca_exp.core.names import TOOL_COMPONENTS
 from slca_exp.core.tags import ESTIMATOR, JUDGE, REWARD, SIMULATOR
 from slca_exp.rollouts.record import finite_or_none
 
@@ -85,7 +86,7 @@ TOOL_ATTRIBUTES = ("slca.turn", SIMULATOR, "slca.status", "slca.cached")
 # The Traces tab shows the first five assessment names in alphabetical order as columns at
 # first (the others from its Columns menu): the advantages, the rating and the tool reward.
 FEEDBACK_TOOL = "reward_tool"
-FEEDBACK_PARTS = tuple(f"tool_{part}" for part in ("format", "name", "key", "value", "parallel"))
+FEEDBACK_PARTS = tuple(f"tool_{part}" for part in TOOL_COMPONENTS)
 FEEDBACK_RATING = "judge_rating"
 FEEDBACK_JUDGE = "judge_status"
 FEEDBACK_TOTAL = "reward_total"
@@ -153,9 +154,7 @@ def feedback(record: RolloutRecord, sources: TraceSources) -> list[Any]:
         (FEEDBACK_TOOL, r.tool, code),
         *(
             (name, r.components.get(part), code)
-            for name, part in zip(
-                FEEDBACK_PARTS, ("format", "name", "key", "value", "parallel"), strict=True
-            )
+            for name, part in zip(FEEDBACK_PARTS, TOOL_COMPONENTS, strict=True)
         ),
         (FEEDBACK_TOTAL, r.total, code),
         (FEEDBACK_ADVANTAGES[0], record.tool_adv, estimator),

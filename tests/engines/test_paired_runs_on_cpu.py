@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
+from tests.engines.tool_caller import quick_runs
 from tests.tracking.sweeps import SLCA_EXE
 
 METRICS = ("val/reward/tool/mean", "reward/total/mean", "train/grad_cos")
@@ -28,25 +29,11 @@ def sweep(tool_caller, tmp_path_factory):
         SLCA_EXE,
         "train",
         "-m",
-        "data.rows=16",
-        "data.seed=0",  # the split the checkpoint was fine-tuned on
-        "backbone.source=local",
-        "backbone.name=tool-caller",
-        f"backbone.path={tool_caller.folder}",
-        # a short SFT: the first job of each seed trains it, the second loads its cached weights
-        "engine.sft.steps=4",
-        "engine.sft.batch_size=4",
-        "engine.sft.lr=1e-4",
-        "engine.val_rows=4",
+        *quick_runs(tool_caller.folder),
         "algorithm=slca_grpo",
-        "algorithm.group_size=4",
-        "engine.rollout.prompts_per_step=2",
-        "engine.rollout.max_turn_tokens=48",
-        "engine.rollout.max_response_tokens=128",
         "engine.rollout.temperature=1.0",
         "engine.rl.steps=3",
         "engine.rl.grad_cos=true",
-        "engine.progress=false",
         "judge.noise.kind=flip",
         "judge.noise.p=0.5",
         "seed=0,1",

@@ -11,6 +11,7 @@ import subprocess
 import pytest
 from mlflow.tracking import MlflowClient
 
+from tests.engines.tool_caller import quick_runs
 from tests.tracking.sweeps import SLCA_EXE as EXE
 
 
@@ -21,22 +22,9 @@ def sweep(tool_caller, tmp_path_factory):
         EXE,
         "train",
         "-m",
-        "data.rows=16",
-        "data.seed=0",  # the split the checkpoint was fine-tuned on
-        "backbone.source=local",
-        "backbone.name=tool-caller",
-        f"backbone.path={tool_caller.folder}",
-        "engine.sft.steps=4",
-        "engine.sft.batch_size=4",
-        "engine.sft.lr=1e-4",
-        "engine.val_rows=4",
+        *quick_runs(tool_caller.folder),
         "algorithm=grpo,slca_grpo",
-        "algorithm.group_size=4",
-        "engine.rollout.prompts_per_step=2",
-        "engine.rollout.max_turn_tokens=48",
-        "engine.rollout.max_response_tokens=128",
         "engine.rl.steps=2",
-        "engine.progress=false",
         "seed=0,1",
         "tracking.rollouts.every=1",
         f"tracking.root={tmp / 'out'}",

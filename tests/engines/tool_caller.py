@@ -20,6 +20,30 @@ from slca_exp.engines.local.sft import train_sft
 from slca_exp.simulators import build_simulator
 
 
+def quick_runs(folder: Path) -> list[str]:
+    """Overrides of a few quick RL steps from the checkpoint in ``folder`` (the tests' sweeps).
+
+    The split it was fine-tuned on, a short SFT (the first job of a seed trains it, the others
+    load its cached weights), 4 validation prompts, 2 groups of 4 per step.
+    """
+    return [
+        "data.rows=16",
+        "data.seed=0",
+        "backbone.source=local",
+        "backbone.name=tool-caller",
+        f"backbone.path={folder}",
+        "engine.sft.steps=4",
+        "engine.sft.batch_size=4",
+        "engine.sft.lr=1e-4",
+        "engine.val_rows=4",
+        "algorithm.group_size=4",
+        "engine.rollout.prompts_per_step=2",
+        "engine.rollout.max_turn_tokens=48",
+        "engine.rollout.max_response_tokens=128",
+        "engine.progress=false",
+    ]
+
+
 @dataclass(frozen=True)
 class ToolCaller:
     """A saved checkpoint folder of a tiny model fine-tuned on gold tool-calling trajectories.
