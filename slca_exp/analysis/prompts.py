@@ -39,8 +39,10 @@ def _mean(values: Sequence[float]) -> float | None:
 
 
 def moved_prompts(
-    client: Any, runs: Sequence[Any], swept: Sequence[str]
-) -> tuple[list[str], list[Moved]] | None:  # noqa: ANN401, E501
+    client: Any,  # noqa: ANN401 - an MlflowClient
+    runs: Sequence[Any],
+    swept: Sequence[str],
+) -> tuple[list[str], list[Moved]] | None:
     """(the two algorithms, the prompts most changed first); ``None`` when nothing pairs.
 
     Only the runs' last logged validation rollouts are read (``tracking.rollouts.val``).

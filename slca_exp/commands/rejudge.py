@@ -182,6 +182,7 @@ def _rejudge_run(
     splits: Sequence[str],
 ) -> Rejudged:
     from slca_exp.rewards.judging import JudgeRequest
+    from slca_exp.rewards.scorer import needs_tool_response
     from slca_exp.rollouts.pairing import question
     from slca_exp.tracking import readback
 
@@ -189,8 +190,8 @@ def _rejudge_run(
     view = params.get("reward.judge_view") or "responses"
     prompt = params.get("reward.judge_prompt")
     prompt = None if prompt in (None, "", "None", "null") else prompt  # params hold text
-    judge_all = params.get("reward.no_tool_response") == "judge"
-    strict = params.get("reward.variant", "strict") == "strict"
+    variant = params.get("reward.variant", "strict")
+    no_tool_response = params.get("reward.no_tool_response", "zero")
     records, final = [], set()
     for split in splits:
         steps = readback.logged_steps(client, run.info.run_id, split)
@@ -204,15 +205,15 @@ def _rejudge_run(
         JudgeRequest(
             question(r),
             r.response,
-            not judge_all and (bool(r.gold) if strict else True),
+            needs_tool_response(variant, no_tool_response, bool(r.gold)),
             view,
             prompt,
         )
         for r in records
     ]
-    before = dict(judge.stats()) if hasattr(judge, "stats") else {}
+    before = judge.stats()
     results = judge.score(requests) if requests else []
-    after = dict(judge.stats()) if hasattr(judge, "stats") else {}
+    after = judge.stats()
     done = Rejudged(run)
     done.cached = int(after.get("cache_hits", 0) - before.get("cache_hits", 0))
     done.requests = int(

@@ -149,7 +149,7 @@ class OpenAIJudge(JudgeBase):
     @classmethod
     def template_fields(cls, cfg: Any, prompt: str | None = None) -> tuple[str, ...] | None:  # noqa: ANN401
         """The ``{{...}}`` fields of ``prompt`` (the reward's template), else the judge's own."""
-        return PromptTemplate.load(prompt or cfg.prompt or DEFAULT_PROMPT, "judge").placeholders
+        return PromptTemplate.load(prompt or cfg.prompt or DEFAULT_PROMPT, "judge").fields
 
     @classmethod
     def describe_config(cls, cfg: Any) -> dict[str, Any]:  # noqa: ANN401

@@ -171,10 +171,11 @@ def _leaves(doc: Any) -> list[Any]:  # noqa: ANN401
     return out
 
 
-def _facts(response: str, identifiers: bool = True) -> list[float | tuple[str, ...]]:
-    """Facts of one tool response: numbers and phrases (tuples of words), in document order.
+def _facts(response: str) -> list[tuple[float | tuple[str, ...], bool]]:
+    """Facts of one tool response, in document order, each with whether it is an identifier's.
 
-    ``identifiers=False`` skips the JSON strings ``rubric-v2`` reads as identifiers.
+    A fact is a number or a phrase (a tuple of words); the flag says it comes from a JSON string
+    ``rubric-v2`` reads as an identifier.
     """
     stripped = response.strip()
     leaves: list[Any] | None = None
@@ -184,21 +185,20 @@ def _facts(response: str, identifiers: bool = True) -> list[float | tuple[str, .
         except (ValueError, RecursionError):
             leaves = None  # not JSON (or absurdly deep): read it as text
     is_json = leaves is not None
-    facts: list[float | tuple[str, ...]] = []
+    facts: list[tuple[float | tuple[str, ...], bool]] = []
     for leaf in leaves if is_json else [stripped]:
-        if not identifiers and is_json and isinstance(leaf, str) and is_identifier(leaf):
-            continue
         if not isinstance(leaf, str):
             if not (isinstance(leaf, float) and not math.isfinite(leaf)):
-                facts.append(leaf)
+                facts.append((leaf, False))
             continue
+        ident = is_json and is_identifier(leaf)
         text = _Text(leaf)
-        facts.extend(v for _, _, v in text.numbers)
+        facts.extend((v, ident) for _, _, v in text.numbers)
         phrase = [t for t in text.tokens if t.isalpha() and len(t) >= 2 and t not in STOP_WORDS]
         if is_json and 0 < len(phrase) <= PARAMS["phrase_words"]:
-            facts.append(tuple(phrase))
+            facts.append((tuple(phrase), ident))
         else:
-            facts.extend((w,) for w in _key_words(text.tokens))
+            facts.extend(((w,), ident) for w in _key_words(text.tokens))
     return facts
 
 
@@ -215,16 +215,23 @@ def response_facts(response: str, *, identifiers: bool = True) -> list[Fact]:
     [('paris',), 21.4]
 
     """
-    return _facts(response, identifiers)
+    return [fact for fact, ident in _facts(response) if identifiers or not ident]
 
 
-def response_numbers(response: str) -> set[tuple[int, str]]:
-    """Every ``(d, rounded text)`` form of every number of a tool response (what grounds)."""
-    forms: set[tuple[int, str]] = set()
-    for fact in dict.fromkeys(_facts(response)):
-        if not isinstance(fact, tuple):
+def read_response(response: str) -> tuple[list[Fact], set[tuple[int, str]]]:
+    """A tool response read once for ``rubric-v2``: its facts and its numbers' forms.
+
+    The facts leave identifiers out (document order, repeats included); the forms are every
+    ``(d, rounded text)`` of every number in it, identifiers' included (what grounds a reply).
+    """
+    facts, forms, numbers = [], set(), set()
+    for fact, ident in _facts(response):
+        if not isinstance(fact, tuple) and fact not in numbers:
+            numbers.add(fact)
             forms |= _forms(fact)
-    return forms
+        if not ident:
+            facts.append(fact)
+    return facts, forms
 
 
 class Statement:
@@ -271,7 +278,7 @@ def rubric_components(view: JudgeView) -> dict[str, float]:
     facts: dict[Any, None] = {}
     sources: set[tuple[int, str]] = set()
     for response in view.tool_responses:
-        for fact in _facts(response):
+        for fact, _ in _facts(response):
             if not isinstance(fact, tuple) and fact not in facts:
                 sources |= _forms(fact)  # every number grounds, even past the fact cap
             facts.setdefault(fact, None)

@@ -47,7 +47,7 @@ from typing import Any
 
 from slca_exp.judges.base import JudgeView
 from slca_exp.judges.rubric import PARAMS as V1_PARAMS
-from slca_exp.judges.rubric import STOP_WORDS, Statement, response_facts, response_numbers
+from slca_exp.judges.rubric import STOP_WORDS, Fact, Statement, read_response
 from slca_exp.rewards.judging import LABELS
 from slca_exp.rewards.toolcalls import TOOL_CALL, TOOL_RESPONSE
 
@@ -104,13 +104,12 @@ def echo_share(reply: str, question: str) -> float:
     return sum(t in asked for t in said) / len(said)
 
 
-def new_facts(response: str, question: Statement) -> list[Any]:
-    """The facts of one response a summary should report (rule 2), first 64 distinct."""
-    facts: dict[Any, None] = {}
-    for fact in response_facts(response, identifiers=False):
-        if not question.states(fact):
-            facts.setdefault(fact, None)
-    return list(facts)[: PARAMS_V2["max_facts"]]
+def new_facts(facts: list[Fact], question: Statement) -> list[Fact]:
+    """The facts of a response (identifiers left out) a summary should report (rule 2).
+
+    Those the question does not state, the first 64 distinct.
+    """
+    return [f for f in dict.fromkeys(facts) if not question.states(f)][: PARAMS_V2["max_facts"]]
 
 
 def rubric_v2_components(view: JudgeView) -> dict[str, Any]:
@@ -126,20 +125,21 @@ def rubric_v2_components(view: JudgeView) -> dict[str, Any]:
     """
     question = Statement(view.question)
     reply = Statement(view.reply)
-    per_response = [new_facts(r, question) for r in view.tool_responses]
-    with_facts = [facts for facts in per_response if facts]
-    stated = [sum(reply.states(f) for f in facts) for facts in with_facts]
-    distinct = list(dict.fromkeys(f for facts in with_facts for f in facts))
+    grounding: set[tuple[int, str]] = set(question.forms)
+    with_facts = []
+    for response in view.tool_responses:
+        facts, forms = read_response(response)
+        grounding |= forms
+        if facts := new_facts(facts, question):
+            with_facts.append(facts)
+    said = {f: reply.states(f) for facts in with_facts for f in facts}  # distinct facts
+    stated = [sum(said[f] for f in facts) for facts in with_facts]
     coverage = (
         sum(min(1.0, s / min(len(f), _FULL)) for s, f in zip(stated, with_facts, strict=True))
         / len(with_facts)
         if with_facts
         else 1.0
     )
-    grounding: set[tuple[int, str]] = set()
-    for response in view.tool_responses:
-        grounding |= response_numbers(response)
-    grounding |= question.forms
     invented = sum(
         1
         for d, s, v in reply.numbers
@@ -153,8 +153,8 @@ def rubric_v2_components(view: JudgeView) -> dict[str, Any]:
         * min(1.0, PARAMS_V2["max_chars"] / n if n else 1.0)
     )
     out: dict[str, Any] = {
-        "facts": len(distinct),
-        "stated": sum(reply.states(f) for f in distinct),
+        "facts": len(said),
+        "stated": sum(said.values()),
         "coverage": coverage,
         "repetition": repetition,
         "invented": invented,

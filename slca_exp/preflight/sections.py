@@ -397,7 +397,7 @@ def _check_simulator(simulator: DictConfig) -> list[Problem]:
     from slca_exp.services.prompts import PromptTemplate
 
     template = PromptTemplate.load(str(simulator.prompt), "simulator")
-    if "schema" in template.placeholders:
+    if "schema" in template.fields:
         problems.append(
             Problem(
                 "simulator.prompt",

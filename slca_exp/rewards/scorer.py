@@ -190,13 +190,10 @@ class HierRReward:
             if (self.variant == "strict" or g.allowed)
             and not (judge_all and tools[i].should_no_call)
         ]
-        # The strict variant judges a reply on a row that needs no call even without a tool
-        # response (defect (d)); the paper short-circuits it to 0, unless no_tool_response=judge.
-        need: list[bool] | bool = True
-        if judge_all:
-            need = False
-        elif self.variant == "strict":
-            need = [golds[i].needs_call for i in asked]
+        need = [
+            needs_tool_response(self.variant, self.no_tool_response, golds[i].needs_call)
+            for i in asked
+        ]
         judged = (
             summary_rewards(
                 [golds[i].question for i in asked],
@@ -291,3 +288,18 @@ def _read_all(ground_truths: Sequence[Mapping[str, Any] | str | Gold]) -> list[G
             gold = seen[id(gt)] = read_gold(gt)
         out.append(gold)
     return out
+
+
+def needs_tool_response(variant: str, no_tool_response: str, needs_call: bool) -> bool:
+    """Whether a reply without a tool response is scored 0 without asking the judge.
+
+    ``no_tool_response=judge`` asks about every reply; otherwise the strict variant asks about a
+    row that needs no call (defect (d)) and the paper's short-circuits every reply without one.
+
+    >>> needs_tool_response("strict", "zero", False), needs_tool_response("paper", "zero", False)
+    (False, True)
+
+    """
+    if no_tool_response == "judge":
+        return False
+    return needs_call if variant == "strict" else True

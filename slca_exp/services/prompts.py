@@ -82,8 +82,8 @@ class PromptTemplate:
         return cls(path, text, hashlib.sha256(data).hexdigest(), _split(text))
 
     @property
-    def placeholders(self) -> tuple[str, ...]:
-        """Placeholder names in order of appearance."""
+    def fields(self) -> tuple[str, ...]:
+        """The names of its ``{{name}}`` fields, in order of appearance."""
         return self.parts[1::2]
 
     def render(self, **values: str) -> str:

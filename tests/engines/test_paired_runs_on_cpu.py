@@ -9,14 +9,12 @@ difference is exactly 0; the noise is logged beside the judge's ratings.
 
 import json
 import math
-import os
 import subprocess
 from pathlib import Path
 
 import pytest
-from mlflow.tracking import MlflowClient
 
-from tests.engines.tool_caller import quick_runs
+from tests.engines.tool_caller import quick_sweep
 from tests.tracking.sweeps import SLCA_EXE
 
 METRICS = ("val/reward/tool/mean", "reward/total/mean", "train/grad_cos")
@@ -24,12 +22,9 @@ METRICS = ("val/reward/tool/mean", "reward/total/mean", "train/grad_cos")
 
 @pytest.fixture(scope="module")
 def sweep(tool_caller, tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("paired")
-    args = [
-        SLCA_EXE,
-        "train",
-        "-m",
-        *quick_runs(tool_caller.folder),
+    done = quick_sweep(
+        tmp_path_factory.mktemp("paired"),
+        tool_caller.folder,
         "algorithm=slca_grpo",
         "engine.rollout.temperature=1.0",
         "engine.rl.steps=3",
@@ -38,18 +33,8 @@ def sweep(tool_caller, tmp_path_factory):
         "judge.noise.p=0.5",
         "seed=0,1",
         "tracking.rollouts.every=0,1",
-        f"tracking.root={tmp / 'out'}",
-    ]
-    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
-    res = subprocess.run(args, cwd=tmp, env=env, capture_output=True, text=True, timeout=600)
-    assert res.returncode == 0, res.stderr[-3000:]
-    uri = f"sqlite:///{tmp / 'out' / 'mlflow.db'}"
-    client = MlflowClient(uri)
-    runs = client.search_runs([client.get_experiment_by_name("slca-exp").experiment_id])
-    children = [r for r in runs if r.data.tags.get("slca.role") == "child"]
-    assert len(children) == 4
-    parent = next(r for r in runs if r.data.tags.get("slca.role") == "parent")
-    return tmp, uri, client, parent, children
+    )
+    return done.folder, done.uri, done.client, done.parent, done.children
 
 
 def test_two_runs_of_one_seed_pair_up_with_a_difference_of_exactly_0(sweep):

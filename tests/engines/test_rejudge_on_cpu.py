@@ -5,40 +5,25 @@ rollouts logged; then the sweep is rejudged by an LLM judge behind the loopback 
 server, whose rating depends on the request (so the judges disagree now and then), twice.
 """
 
-import os
 import subprocess
 
 import pytest
-from mlflow.tracking import MlflowClient
 
-from tests.engines.tool_caller import quick_runs
+from tests.engines.tool_caller import quick_sweep
 from tests.tracking.sweeps import SLCA_EXE as EXE
 
 
 @pytest.fixture(scope="module")
 def sweep(tool_caller, tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("rejudge")
-    args = [
-        EXE,
-        "train",
-        "-m",
-        *quick_runs(tool_caller.folder),
+    done = quick_sweep(
+        tmp_path_factory.mktemp("rejudge"),
+        tool_caller.folder,
         "algorithm=grpo,slca_grpo",
         "engine.rl.steps=2",
         "seed=0,1",
         "tracking.rollouts.every=1",
-        f"tracking.root={tmp / 'out'}",
-    ]
-    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
-    res = subprocess.run(args, cwd=tmp, env=env, capture_output=True, text=True, timeout=600)
-    assert res.returncode == 0, res.stderr[-3000:]
-    uri = f"sqlite:///{tmp / 'out' / 'mlflow.db'}"
-    client = MlflowClient(uri)
-    runs = client.search_runs([client.get_experiment_by_name("slca-exp").experiment_id])
-    children = [r for r in runs if r.data.tags.get("slca.role") == "child"]
-    assert len(children) == 4
-    parent = next(r for r in runs if r.data.tags.get("slca.role") == "parent")
-    return tmp, env, uri, parent, children
+    )
+    return done.folder, done.env, done.uri, done.parent, done.children
 
 
 @pytest.mark.slow

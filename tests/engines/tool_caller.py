@@ -1,7 +1,9 @@
 """A tiny backbone that has learnt to call tools (a short SFT), and helpers around its rollouts."""
 
 import json
+import os
 import shutil
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,6 +44,38 @@ def quick_runs(folder: Path) -> list[str]:
         "engine.rollout.max_response_tokens=128",
         "engine.progress=false",
     ]
+
+
+@dataclass(frozen=True)
+class QuickSweep:
+    """What a sweep of :func:`quick_sweep` left: where, its store and runs."""
+
+    folder: Path
+    env: dict[str, str]
+    uri: str
+    client: object
+    parent: object
+    children: list
+
+
+def quick_sweep(folder: Path, checkpoint: Path, *overrides: str) -> QuickSweep:
+    """``slca-exp train -m`` of :func:`quick_runs` and ``overrides`` in ``folder``, 4 jobs."""
+    from mlflow.tracking import MlflowClient
+
+    from tests.tracking.sweeps import SLCA_EXE
+
+    args = [SLCA_EXE, "train", "-m", *quick_runs(checkpoint), *overrides]
+    args.append(f"tracking.root={folder / 'out'}")
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    res = subprocess.run(args, cwd=folder, env=env, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    uri = f"sqlite:///{folder / 'out' / 'mlflow.db'}"
+    client = MlflowClient(uri)
+    runs = client.search_runs([client.get_experiment_by_name("slca-exp").experiment_id])
+    children = [r for r in runs if r.data.tags.get("slca.role") == "child"]
+    assert len(children) == 4
+    parent = next(r for r in runs if r.data.tags.get("slca.role") == "parent")
+    return QuickSweep(folder, env, uri, client, parent, children)
 
 
 @dataclass(frozen=True)

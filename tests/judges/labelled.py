@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from slca_exp.core.rows import Row
 from slca_exp.data.synthetic import build_rows
 from slca_exp.judges import JudgeView
-from slca_exp.judges.rubric import Statement, response_facts, response_numbers
+from slca_exp.judges.rubric import Statement, read_response, response_facts
 
 FILLERS = (
     "I have looked into your request carefully and here is my answer for you.",
@@ -93,7 +93,7 @@ def labelled_set(n_rows: int = 200, seed: int = 0) -> list[Labelled]:
         calls = [c for step in _steps(row) for c in step]
         taken = set(Statement(question).forms)
         for r in responses:
-            taken |= response_numbers(r)
+            taken |= read_response(r)[1]
 
         replies: list[tuple[str, str, str, bool]] = []  # family, kind, reply, states facts
 
