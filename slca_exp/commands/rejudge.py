@@ -285,7 +285,7 @@ def _log_feedback(run: Any, records: list, results: list, source: str) -> int:  
 
 def _agreement_text(a: dict[str, float]) -> str:
     def num(x: float) -> str:
-        return "-" if math.isnan(x) else f"{x:.3f}"
+        return "-" if math.isnan(x) else f"{round(x, 3) + 0.0:.3f}"  # no "-0.000"
 
     return (
         f"{a['n']} ratings both judges gave: Spearman rho {num(a['spearman'])}, exact "

@@ -46,3 +46,10 @@ def test_overrides_that_name_no_judge_are_refused_with_the_fix(capsys):
     assert "'seed=3' is not a judge override" in err and "judge=openai" in err
     assert main(["rejudge", "some-sweep"]) == 2
     assert "no judge given" in capsys.readouterr().err
+
+
+def test_an_agreement_that_rounds_to_zero_prints_without_a_sign():
+    from slca_exp.commands.rejudge import _agreement_text
+
+    text = _agreement_text({"n": 3, "spearman": math.nan, "exact": 0.5, "kappa": -1e-17})
+    assert text.endswith("weighted kappa 0.000") and "rho -," in text
