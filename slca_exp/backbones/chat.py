@@ -190,6 +190,8 @@ def render_trajectory(
     tokenizer: Any,  # noqa: ANN401
     messages: Messages,
     tools: Tools = None,
+    *,
+    generation_prompt: bool = False,
 ) -> tuple[str, list[tuple[int, int]]]:
     """A whole trajectory as text, with the character spans the policy generates.
 
@@ -198,6 +200,7 @@ def render_trajectory(
         messages: system, user, then assistant turns (with ``tool_calls``), ``tool`` messages
             and the final assistant reply.
         tools: the tool schemas (list or JSON string), or None.
+        generation_prompt: end with the generation prompt (a trajectory that ends on tool turns).
 
     Returns:
         ``(text, spans)``: ``text`` is ``apply_chat_template`` of the trajectory; ``spans`` holds
@@ -209,7 +212,7 @@ def render_trajectory(
             whole (not prefix-stable) or an assistant turn without ``<|im_end|>``.
 
     """
-    text = _render(tokenizer, messages, tools, generation_prompt=False)
+    text = _render(tokenizer, messages, tools, generation_prompt=generation_prompt)
     spans = []
     for i, message in enumerate(messages):
         if message.get("role") != "assistant":

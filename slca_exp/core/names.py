@@ -49,6 +49,7 @@ TRAIN_LR: Final = "train/lr"
 PERF_STEP_S: Final = "perf/step_s"
 PERF_TOKENS_PER_S: Final = "perf/tokens_per_s"
 PERF_ROLLOUT_LOG_S: Final = "perf/time/rollout_log"
+ROLLOUT_TOKEN_MISMATCH_FRAC: Final = "rollout/token_mismatch_frac"
 TRAIN_GRAD_COS: Final = "train/grad_cos"
 TRAIN_GRAD_NORM_TOOL: Final = "train/grad_norm_tool"
 TRAIN_GRAD_NORM_SUMMARY: Final = "train/grad_norm_summary"
@@ -244,6 +245,12 @@ def _catalogue() -> dict[str, str]:
             PERF_ROLLOUT_LOG_S: (
                 "seconds spent logging a logged step's rollouts (traces, table, credit view; "
                 "tracking.rollouts), at the steps that log them; not in perf/step_s"
+            ),
+            ROLLOUT_TOKEN_MISMATCH_FRAC: (
+                "token drift of a logged step's rollouts: the tokens in which the ids the update "
+                "used differ from the chat template's rendering of the same conversation, over "
+                "all their tokens (0: none; the trace holds the first differing position), at "
+                "the steps that log rollouts"
             ),
         }
     )

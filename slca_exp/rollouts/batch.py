@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from slca_exp.rollouts.drift import check_drift
 from slca_exp.rollouts.record import Answer, Rewards, RolloutRecord, build_record
 from slca_exp.rollouts.select import pick
 
@@ -72,20 +73,30 @@ def logged_rollouts(
     run: Mapping[str, Any],
     step: int,
     split: str,
+    tokenizer: Any = None,  # noqa: ANN401
 ) -> list[RolloutRecord]:
     """The records of the rollouts a logged step shows (``rollouts.select``).
 
     Training batches give each logged group's best and worst rollout by routed total;
     validation batches (one rollout per prompt) their first ``per_step`` rollouts, in order.
+    With ``tokenizer`` (the backbone's), each record's ids are checked against its chat
+    template's rendering of the conversation (``RolloutRecord.drift``).
     """
     if split == "val":
         chosen = [(i, "") for i in range(min(per_step, len(view)))]
     else:
         totals = [r.total for r in view.rewards]
         chosen = pick(view.groups, totals, per_step)
-    return [
+    records = [
         _record(view, i, rank, decode=decode, run=run, step=step, split=split) for i, rank in chosen
     ]
+    if tokenizer is not None:
+        for record in records:
+            try:
+                record.drift = check_drift(record, tokenizer)
+            except ValueError:  # a template that does not render the prompt as its start
+                record.drift = None
+    return records
 
 
 def _record(

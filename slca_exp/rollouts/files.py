@@ -2,7 +2,7 @@
 
     rollouts/<split>/step_<NNNNNN>.jsonl   the records, one JSON object per line (what the
                                            ``rollouts`` command and the credit view read)
-    rollouts/<split>/step_<NNNNNN>.json    the same rollouts as a table (``mlflow.log_table``)
+    rollouts/<split>/step_<NNNNNN>.json    the rollouts as a table (``mlflow.log_table``'s format)
     rollouts/<split>/step_<NNNNNN>.html    the credit view of the step
 
 ``<split>`` is ``train`` (an RL step's sampled rollouts) or ``val`` (a validation's).

@@ -22,6 +22,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from slca_exp.rollouts.drift import TokenDrift
+
 SEGMENT_CODES = {"tool": "t", "summary": "s", "env": "e", "none": "-"}
 """Per-token segment, one character each in ``RolloutRecord.segments``."""
 CODE_SEGMENTS = {code: name for name, code in SEGMENT_CODES.items()}
@@ -160,6 +162,8 @@ class RolloutRecord:
         tool_adv: the tool segment's advantage (None: no tool segment, or validation).
         summary_adv: the summary segment's advantage (None: no summary segment, or validation).
         ends_on_tool_call: the last assistant turn is a call nothing answered (cut off).
+        drift: how the token ids differ from the chat template's rendering of the rollout's
+            conversation (``rollouts.drift``); None where it was not checked.
 
     """
 
@@ -185,6 +189,7 @@ class RolloutRecord:
     summary_adv: float | None
     ends_on_tool_call: bool
     extra: dict[str, Any] = field(default_factory=dict)
+    drift: TokenDrift | None = None
 
     def segment_tokens(self, segment: str) -> int:
         """Number of tokens of ``segment`` (``tool``, ``summary``, ``env``)."""
@@ -213,6 +218,8 @@ class RolloutRecord:
         for key in ("tool", "summary", "routed_tool", "routed_summary", "total"):
             rewards[key] = math.nan if rewards[key] is None else float(rewards[key])
         values["rewards"] = Rewards(**rewards)
+        if values.get("drift") is not None:
+            values["drift"] = TokenDrift(**values["drift"])
         known = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in values.items() if k in known})
 

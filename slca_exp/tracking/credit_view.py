@@ -12,7 +12,10 @@ rewards, segment advantages, token counts), then every response token in order a
 blue negative, white zero, red positive) whose limit is the largest |advantage| on the page; its
 segment is its underline (tool: solid green, summary: dashed purple); environment tokens (tool
 responses, chat glue) are grey italic on grey hatching and never shaded. Hovering a token shows
-its id, segment, advantage and log-prob (``title``, and a CSS tooltip).
+its id, segment, advantage and log-prob (``title``, and a CSS tooltip). Where the record's ids
+drift from the chat template's rendering of its conversation (``rollouts.drift``), the facts say
+where first, and every differing token (or the token after a missing one) has a red outline
+(``.drift``) whose tooltip names what the template has there.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import html
 import math
 from collections.abc import Sequence
 
+from slca_exp.rollouts.drift import TokenDrift
 from slca_exp.rollouts.record import CODE_SEGMENTS, RolloutRecord
 
 EPSILON = 1e-6
@@ -56,6 +60,7 @@ background:#222;color:#fff;font:12px/1.3 {_SANS};font-style:normal;padding:2px 6
 border-radius:3px;white-space:nowrap;pointer-events:none}}
 .seg-tool{{border-bottom:2px solid #1b7837}} .seg-summary{{border-bottom:2px dashed #762a83}}
 .seg-none{{border-bottom:2px dotted #999}}
+.drift{{outline:2px solid #d7191c;outline-offset:-2px}}
 .seg-env{{color:#666;font-style:italic;background-color:#e6e6e6;
 background-image:repeating-linear-gradient(135deg,transparent 0 3px,#f6f6f6 3px 6px)}}
 .ws{{padding-right:2px;outline:1px dotted #aaa;outline-offset:-1px}}
@@ -181,7 +186,10 @@ def _section(rec: RolloutRecord, limit: float) -> str:
     facts["rank"] = rec.rank
     attrs = " ".join(f'data-{k}="{_esc(str(v))}"' for k, v in facts.items())
     heading = f"{rec.group} · sample {rec.sample}" + (f" · {rec.rank}" if rec.rank else "")
-    tokens = "".join(_token(rec, i, limit) for i in range(len(rec.token_ids)))
+    marks: dict[int, str] = {}
+    for position, expected in rec.drift.marks if rec.drift is not None else ():
+        marks[int(position)] = marks.get(int(position), "") + expected
+    tokens = "".join(_token(rec, i, limit, marks) for i in range(len(rec.token_ids)))
     return (
         f'<section class="rollout" {attrs}><h2>{_esc(heading)}</h2>{_meta(rec)}'
         f'<div class="toks">{tokens}</div></section>'
@@ -218,16 +226,30 @@ def _meta(rec: RolloutRecord) -> str:
         ("tokens", counts),
         ("ends on tool call", "yes" if rec.ends_on_tool_call else "no"),
     ]
+    drift = rec.drift
+    if drift is not None:
+        fields.append(("token drift", _drift(drift)))
     if r.should_no_call:
         fields.append(("gold", "no call"))
+    failed = {"summary": bool(judge), "token drift": bool(drift and drift.mismatched)}
     spans = (
-        f"<span{_FAIL if key == 'summary' and judge else ''}><b>{key}</b> {_esc(value)}</span>"
+        f"<span{_FAIL if failed.get(key) else ''}><b>{key}</b> {_esc(value)}</span>"
         for key, value in fields
     )
     return f'<div class="meta">{"".join(spans)}</div>'
 
 
-def _token(rec: RolloutRecord, i: int, limit: float) -> str:
+def _drift(drift: TokenDrift) -> str:
+    if not drift.mismatched:
+        return "none: the ids are the chat template's rendering"
+    return (
+        f"{drift.mismatched} of {drift.tokens} tokens differ from the chat template's rendering; "
+        f"first at {drift.first} ({drift.where}): the template has {drift.expected!r}, the "
+        f"rollout {drift.found!r}"
+    )
+
+
+def _token(rec: RolloutRecord, i: int, limit: float, marks: dict[int, str]) -> str:
     """One token as a ``span.tok``: segment class, data attributes, shade and tooltip."""
     seg = CODE_SEGMENTS.get(rec.segments[i], "none")
     tid, text = rec.token_ids[i], rec.token_text[i]
@@ -238,8 +260,11 @@ def _token(rec: RolloutRecord, i: int, limit: float) -> str:
     classes = f"tok seg-{seg}"
     if text and not text.strip():
         classes += " ws nl" if "\n" in text else " ws"
-    attrs = f'class="{classes}" data-seg="{seg}" data-id="{tid}"'
     tip = [f"id {tid}", seg if seg != "env" else "env (masked)"]
+    if i in marks:
+        classes += " drift"
+        tip.append(f"drift: the template has {marks[i]!r}" if marks[i] else "drift")
+    attrs = f'class="{classes}" data-seg="{seg}" data-id="{tid}"'
     if adv is not None:
         attrs += f' data-adv="{adv:.4g}"'
         tip.append(f"A={adv:+.3f}")

@@ -2,9 +2,15 @@
 
     records of one step (one split)
       -> one trace per record, linked to the run (``rollout_traces.py``)
-      -> rollouts/<split>/step_<N>.json    a table, ``mlflow.log_table`` (:func:`table_columns`)
+      -> rollouts/<split>/step_<N>.json    a table (:func:`table_columns`), as ``mlflow.log_table``
+                                           writes one
       -> rollouts/<split>/step_<N>.html    the credit view (``tracking.rollouts.html``)
       -> rollouts/<split>/step_<N>.jsonl   the records (what ``slca-exp rollouts`` reads)
+
+The three files go up in one artifact upload, and the table is registered the way
+``mlflow.log_table`` registers one (the run's ``mlflow.loggedArtifacts`` tag, which MLflow's UI
+reads): ``log_table`` itself builds a DataFrame, lists the folder and reads the run back on every
+call, which was most of a logged step's cost while the traces export in the background.
 
 Logging rollouts is a view on the run, never a reason for it to fail: anything that cannot be
 written is reported once (the first failure, with its error) and the run goes on; metrics are
@@ -66,6 +72,7 @@ def _row(r: RolloutRecord) -> dict[str, Any]:
             "tool_tokens": r.segment_tokens("tool"),
             "summary_tokens": r.segment_tokens("summary"),
             "ends_on_tool_call": r.ends_on_tool_call,
+            "token_drift": None if r.drift is None else r.drift.mismatched,
         }
     )
     return row
@@ -98,6 +105,7 @@ class RolloutLog:
         self.sources = sources
         self.html = html
         self.warned: set[str] = set()
+        self._tables: list[dict[str, str]] | None = None  # the run's mlflow.loggedArtifacts
 
     def log(self, records: Sequence[RolloutRecord], step: int, split: str) -> None:
         """Log one step's records; never raises (a failure is reported once per kind)."""
@@ -107,8 +115,9 @@ class RolloutLog:
         self._guard("traces", lambda: self._traces(records))
         with tempfile.TemporaryDirectory(prefix="slca-exp-rollouts-") as tmp:
             folder = Path(tmp)
-            self._guard("table", lambda: self._table(records, step, split))
             self._guard("records", lambda: self._files(records, step, split, folder))
+            if (folder / files.file_name(step, files.TABLE)).is_file():
+                self._guard("table", lambda: self._register_table(split, step))
 
     def flush(self) -> None:
         """Wait for traces still being exported (MLflow exports them in the background)."""
@@ -128,30 +137,41 @@ class RolloutLog:
                 sources=self.sources,
             )
 
-    def _table(self, records: Sequence[RolloutRecord], step: int, split: str) -> None:
-        import mlflow
-
-        _use_store(self.uri)
-        mlflow.log_table(
-            data=table_columns(records),
-            artifact_file=files.artifact_path(split, step, files.TABLE),
-            run_id=self.run_id,
-        )
-
     def _files(self, records: Sequence[RolloutRecord], step: int, split: str, tmp: Path) -> None:
+        """The step's table, records and credit view, in one upload."""
         from mlflow import MlflowClient
 
-        client = MlflowClient(self.uri)
-        folder = files.folder(split)
-        path = files.write_records(records, tmp / files.file_name(step, files.RECORDS))
-        client.log_artifact(self.run_id, str(path), folder)
+        files.write_records(records, tmp / files.file_name(step, files.RECORDS))
+        table = table_columns(records)
+        rows = [list(row) for row in zip(*table.values(), strict=True)]
+        body = {"columns": list(table), "data": rows}
+        text = json.dumps(body, ensure_ascii=False, allow_nan=False)
+        (tmp / files.file_name(step, files.TABLE)).write_text(text, encoding="utf-8")
         if self.html:
             from slca_exp.tracking.credit_view import render_credit_view
 
             title = f"{split} step {step}: rollouts and their token advantages"
             page = tmp / files.file_name(step, files.VIEW)
             page.write_text(render_credit_view(records, title=title), encoding="utf-8")
-            client.log_artifact(self.run_id, str(page), folder)
+        MlflowClient(self.uri).log_artifacts(self.run_id, str(tmp), files.folder(split))
+
+    def _register_table(self, split: str, step: int) -> None:
+        """Add the table to the run's ``mlflow.loggedArtifacts``, as ``mlflow.log_table`` does.
+
+        The tag is read from the run once (a resumed run keeps the tables it listed); this
+        instance is the run's only writer of it after that.
+        """
+        from mlflow import MlflowClient
+        from mlflow.utils.mlflow_tags import MLFLOW_LOGGED_ARTIFACTS
+
+        client = MlflowClient(self.uri)
+        if self._tables is None:
+            tag = client.get_run(self.run_id).data.tags.get(MLFLOW_LOGGED_ARTIFACTS, "[]")
+            self._tables = json.loads(tag)
+        entry = {"path": files.artifact_path(split, step, files.TABLE), "type": "table"}
+        if entry not in self._tables:
+            self._tables.append(entry)
+            client.set_tag(self.run_id, MLFLOW_LOGGED_ARTIFACTS, json.dumps(self._tables))
 
     def _guard(self, kind: str, action: Any) -> None:  # noqa: ANN401
         try:
@@ -207,7 +227,7 @@ class _ExportFailures(logging.Filter):
 
 
 def _use_store(uri: str) -> None:
-    """Point MLflow's fluent API (traces, ``log_table``) of this process at ``uri``.
+    """Point MLflow's fluent API (traces) of this process at ``uri``.
 
     MLflow also exports the URI as ``MLFLOW_TRACKING_URI``; that is put back as it was, so the
     run's child processes and slca-exp's default store (``tracking/uris.py``) are unchanged.

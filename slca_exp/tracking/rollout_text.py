@@ -61,6 +61,7 @@ def render(record: RolloutRecord, palette: Palette) -> str:
         palette.bold(_header(record)),
         *_reward_lines(record),
         _advantage_line(record, palette),
+        *_drift_lines(record),
         *_prompt_lines(record),
         *_response_lines(record, palette),
     ]
@@ -115,6 +116,18 @@ def _reward_lines(record: RolloutRecord) -> list[str]:
         f"        summary {_num(rewards.summary)} (rating {rating}, {judge})",
         f"        total {_num(rewards.total)} (routed: tool {_num(rewards.routed_tool)}, "
         f"summary {_num(rewards.routed_summary)})",
+    ]
+
+
+def _drift_lines(record: RolloutRecord) -> list[str]:
+    """A line where the ids drift from the chat template's rendering (none where they agree)."""
+    drift = record.drift
+    if drift is None or not drift.mismatched:
+        return []
+    return [
+        f"drift   {drift.mismatched} of {drift.tokens} tokens differ from the chat template's "
+        f"rendering; first at token {drift.first} ({drift.where}): template "
+        f"{_printable(repr(drift.expected))}, rollout {_printable(repr(drift.found))}"
     ]
 
 

@@ -58,6 +58,8 @@ ROOT_NUMBERS = (
     "slca.tokens.tool",
     "slca.tokens.summary",
     "slca.tokens.env",
+    "slca.drift.tokens",
+    "slca.drift.first",
 )
 """Numbers on the root span (absent when the value is unknown: a failed judge has no rating,
 a validation rollout no advantage, a rollout without a tool segment no tool advantage)."""
@@ -74,11 +76,19 @@ CONDITIONAL = frozenset(
         "slca.reward.outcome",
         "slca.judge.reason",
         "slca.cached",
+        "slca.drift.first",
+        "slca.drift.where",
+        "slca.drift.expected",
+        "slca.drift.found",
     }
 )
 """Names a span carries only where the value is known (see :data:`ROOT_NUMBERS`)."""
 ROOT_FLAGS = ("slca.ends_on_tool_call", "slca.should_no_call")
 ROOT_TEXT = ("slca.judge.status", "slca.judge.reason", "slca.reward.outcome")
+DRIFT_TEXT = ("slca.drift.where", "slca.drift.expected", "slca.drift.found")
+"""Where the first token drift is and the texts there (``rollouts.drift``), when there is one:
+``slca.drift.tokens`` counts the differing tokens, ``slca.drift.first`` is the first one's
+response position."""
 TURN_ATTRIBUTES = ("slca.turn", "slca.segment", "slca.tokens")
 TOOL_ATTRIBUTES = ("slca.turn", SIMULATOR, "slca.status", "slca.cached")
 """A TOOL span's attributes (the simulator under the run tag's name: ``slca.simulator``)."""
@@ -198,7 +208,7 @@ def trace_tags(record: RolloutRecord) -> dict[str, str]:
 
 def root_attributes(record: RolloutRecord) -> dict[str, Any]:
     """The root span's numbers, flags and judge status (unknown numbers left out)."""
-    r = record.rewards
+    r, drift = record.rewards, record.drift
     numbers = (
         r.tool,
         *(r.components.get(part) for part in ("format", "name", "key", "value", "parallel")),
@@ -214,6 +224,8 @@ def root_attributes(record: RolloutRecord) -> dict[str, Any]:
         record.segment_tokens("tool"),
         record.segment_tokens("summary"),
         record.segment_tokens("env"),
+        None if drift is None else drift.mismatched,
+        None if drift is None else drift.first,
     )
     out: dict[str, Any] = {}
     for name, value in zip(ROOT_NUMBERS, numbers, strict=True):
@@ -227,6 +239,11 @@ def root_attributes(record: RolloutRecord) -> dict[str, Any]:
         out[ROOT_TEXT[1]] = r.judge_reason
     if r.outcome is not None:
         out[ROOT_TEXT[2]] = r.outcome
+    if drift is not None:
+        out["slca.drift.tokens"] = int(drift.mismatched)
+    if drift is not None and drift.first is not None:
+        out.update(zip(DRIFT_TEXT, (drift.where, drift.expected, drift.found), strict=True))
+        out["slca.drift.first"] = int(drift.first)
     return out
 
 

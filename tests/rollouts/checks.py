@@ -8,6 +8,7 @@ from pathlib import Path
 import mlflow
 from mlflow import MlflowClient
 
+from slca_exp.core.names import ROLLOUT_TOKEN_MISMATCH_FRAC, val
 from slca_exp.rollouts.files import ARTIFACT_DIR
 from slca_exp.tracking.rollout_traces import TAGS
 
@@ -91,4 +92,19 @@ def check_run_rollouts(client: MlflowClient, run_id: str, into: Path) -> dict[st
     assert {"path": tables[0], "type": "table"} in logged
     page = Path(client.download_artifacts(run_id, views[0], str(into))).read_text()
     assert "<script" not in page and 'id="legend"' in page
+    check_no_token_drift(client, run_id, traces)
     return by_split
+
+
+def check_no_token_drift(client: MlflowClient, run_id: str, traces: list) -> None:
+    """Every logged rollout's ids are its chat template's rendering: 0 tokens drift, each step."""
+    for trace in traces:
+        root = trace.data.spans[0].attributes
+        drift = {k: v for k, v in root.items() if k.startswith("slca.drift.")}
+        assert drift == {"slca.drift.tokens": 0}, drift
+    for split in ("train", "val"):
+        name = ROLLOUT_TOKEN_MISMATCH_FRAC if split == "train" else val(ROLLOUT_TOKEN_MISMATCH_FRAC)
+        tags = [t.info.tags for t in traces]
+        steps = {int(tag["slca.step"]) for tag in tags if tag["slca.split"] == split}
+        history = client.get_metric_history(run_id, name)
+        assert {m.step for m in history} >= steps and all(m.value == 0 for m in history), history

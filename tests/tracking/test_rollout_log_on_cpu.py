@@ -161,6 +161,12 @@ def test_the_table_the_records_and_the_credit_view_are_the_runs_artifacts(store,
     assert totals[:3] == [r.rewards.total for r in records[:3]] and totals[3] is None  # NaN
     logged = json.loads(client.get_run(run_id).data.tags["mlflow.loggedArtifacts"])
     assert {"path": table_file, "type": "table"} in logged  # MLflow's UI shows it as a table
+    RolloutLog(uri, run_id, experiment, sources=SOURCES).log(step_records(step=20), 20, "train")
+    logged = json.loads(client.get_run(run_id).data.tags["mlflow.loggedArtifacts"])
+    assert [e["path"] for e in logged] == [table_file, artifact_path("train", 20, "json")]
+    loaded = client.load_table(experiment, table_file, [run_id])  # MLflow reads it as its own
+    assert list(loaded.columns) == list(columns)
+    assert loaded["tool_advantage"].tolist() == [r.tool_adv for r in records]
     jsonl = client.download_artifacts(run_id, artifact_path("train", 10, "jsonl"), str(tmp_path))
     assert [r.to_dict() for r in read_records(Path(jsonl))] == [r.to_dict() for r in records]
     page = client.download_artifacts(run_id, artifact_path("train", 10, "html"), str(tmp_path))

@@ -48,6 +48,7 @@ from slca_exp.estimators import EstimatorParams, get_estimator
 from slca_exp.rewards import HierRReward
 from slca_exp.rewards.routing import success_stats
 from slca_exp.rollouts.batch import BatchView, logged_rollouts
+from slca_exp.rollouts.drift import drift_metrics
 from slca_exp.rollouts.select import due
 from slca_exp.services.outage import ServiceWatch
 
@@ -341,6 +342,7 @@ class _LocalRun:
                 },
                 step=step,
                 split=split,
+                tokenizer=self.tok,
             )
         except Exception as err:  # noqa: BLE001 - a view on the run must not fail it
             if not self._rollouts_warned:
@@ -353,7 +355,8 @@ class _LocalRun:
             return
         log(records, step, split)
         seconds = time.perf_counter() - started
-        self.tracker.log_metrics({names.val(cost) if split == "val" else cost: seconds}, step)
+        metrics = {names.val(cost) if split == "val" else cost: seconds}
+        self.tracker.log_metrics({**metrics, **drift_metrics(records, split)}, step)
 
     def _record_policy(self) -> None:
         """Save the trained policy as an HF folder and record it as the run's model.

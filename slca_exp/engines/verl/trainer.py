@@ -62,6 +62,7 @@ from slca_exp.engines.verl.stopping import (
 )
 from slca_exp.engines.verl.tools import simulator_metrics
 from slca_exp.rollouts.batch import logged_rollouts
+from slca_exp.rollouts.drift import drift_metrics
 from slca_exp.rollouts.select import due
 from slca_exp.services.outage import ServiceWatch
 from slca_exp.tracking.rollout_traces import TraceSources
@@ -223,8 +224,9 @@ class SLCATrainer(PPOTrainerSync):
         settings = self._rollout_settings()
         if settings and due(self.global_steps, int(settings["every"])):
             started = time.perf_counter()
-            self._log_rollouts("train", [batch], no_summary, int(settings["per_step"]))
+            drift = self._log_rollouts("train", [batch], no_summary, int(settings["per_step"]))
             metrics[names.PERF_ROLLOUT_LOG_S] = time.perf_counter() - started
+            metrics.update(drift)
         return batch
 
     # -- logged rollouts (tracking.rollouts) --------------------------------------------------
@@ -266,7 +268,7 @@ class SLCATrainer(PPOTrainerSync):
             summary_weight=float(reward.get("summary_weight", 1.0)),
         )
         if logged:
-            self._log_views(
+            ours |= self._log_views(
                 "val", [v for v in capture.views if v is not None], int(settings["val"])
             )
         return {**result, **ours}
@@ -279,8 +281,17 @@ class SLCATrainer(PPOTrainerSync):
         )
         return batch_infos(data.pop("extra_fields").tolist())
 
-    def _log_rollouts(self, split: str, batches: list, no_summary: Any, per_step: int) -> None:  # noqa: ANN401
-        """Log a training step's picked rollouts (the batch the actor receives)."""
+    def _log_rollouts(
+        self,
+        split: str,
+        batches: list,
+        no_summary: Any,  # noqa: ANN401
+        per_step: int,
+    ) -> dict[str, float]:
+        """Log a training step's picked rollouts (the batch the actor receives).
+
+        Returns their token drift metric (``rollouts.drift.drift_metrics``; {}: none checked).
+        """
         try:
             views = [
                 batch_view(b, self.tokenizer, split=split, no_summary=no_summary, advantages=True)
@@ -288,10 +299,10 @@ class SLCATrainer(PPOTrainerSync):
             ]
         except Exception as err:  # noqa: BLE001 - a view on the run must not fail it
             self._rollout_log().warn_once(err)
-            return
-        self._log_views(split, views, per_step)
+            return {}
+        return self._log_views(split, views, per_step)
 
-    def _log_views(self, split: str, views: list, per_step: int) -> None:
+    def _log_views(self, split: str, views: list, per_step: int) -> dict[str, float]:
         settings = self._rollout_settings()
         log = self._rollout_log()
         records = []
@@ -307,11 +318,13 @@ class SLCATrainer(PPOTrainerSync):
                     run=dict(settings["run"]),
                     step=self.global_steps,
                     split=split,
+                    tokenizer=self.tokenizer,
                 )
         except Exception as err:  # noqa: BLE001
             log.warn_once(err)
-            return
+            return {}
         log.log(records, self.global_steps, split)
+        return drift_metrics(records, split)
 
     def _rollout_settings(self) -> Any:  # noqa: ANN401
         return OmegaConf.select(self.config, ROLLOUTS_KEY, default=None)

@@ -442,6 +442,29 @@ def test_the_runs_rollouts_are_traces_with_a_table_and_a_credit_view(verl_run, t
     assert all(s.outputs["status"] is None for s in tools if s.outputs["content"] is None)
 
 
+def test_a_separator_dropped_from_verls_rollouts_is_caught_where_it_was(verl_run, tool_caller):
+    """verl's own rollouts carry no drift (``check_run_rollouts``); one token less is caught."""
+    from transformers import AutoTokenizer
+
+    from slca_exp.rollouts.drift import check_drift
+    from slca_exp.rollouts.files import RECORDS, artifact_path, read_records
+    from tests.rollouts.drift import first_glue_position, without_token
+
+    tok = AutoTokenizer.from_pretrained(tool_caller.folder)
+    path = verl_run.client.download_artifacts(
+        verl_run.run_id, artifact_path("train", 1, RECORDS), str(verl_run.root / "drift")
+    )
+    records = list(read_records(Path(path)))
+    assert [r.drift.mismatched for r in records] == [0] * len(records)
+    assert all(check_drift(r, tok) == r.drift for r in records)
+    turned = [(r, first_glue_position(r)) for r in records if first_glue_position(r) is not None]
+    assert turned, "no logged verl rollout has a tool turn"
+    for record, position in turned:
+        drift = check_drift(without_token(tok, record, position), tok)
+        assert (drift.mismatched, drift.first, drift.where) == (1, position, "tool turn")
+        assert drift.expected.startswith("\n")
+
+
 def test_both_engines_traces_carry_the_same_span_kinds_and_attribute_names(verl_run, local_run):
     client, run_id, _ = local_run
     local = signature(check_run_rollouts(client, run_id, local_run[2] / "dl")["train"])
@@ -769,10 +792,12 @@ def test_verls_validation_logs_our_val_metrics_from_the_same_rollouts(flipped_ru
     Each equals what verl itself aggregates from the same rollouts' reward info (its
     ``val-aux/<source>/slca/...`` means of one data source): the reward means up to the order
     the floats are summed in; ``val/success@k`` and ``val/tool_success@k``, for every k, exactly
-    (the mean of each rollout's 0/1 flag, k/N both ways). At k = 0.7 neither is 0 or 1 (the
-    control's ``reward.summary_weight``): a flag or a count that differed from ours would show.
-    Measured in two runs, over its 16 validation rollouts: success@0.7 0.25 and 0.19,
-    tool_success@0.7 0.31 and 0.19; success@0.9 and @1.0 were 0 in both.
+    (the mean of each rollout's 0/1 flag, k/N both ways). The equality says something only
+    where a rate is neither 0 nor 1, so at least one of them must be: a flag or a count that
+    differed from ours would then show. Measured over its 16 validation rollouts: success@0.7
+    0.25, 0.19 and once 0.0, tool_success@0.7 0.31 and 0.19; success@0.9 and @1.0 were 0 in
+    every run. (Which rates land inside (0, 1) varies from run to run on CPU, so no single one
+    is required to.)
     """
     from slca_exp.core import names
     from slca_exp.engines.verl.rewards import success_key
@@ -797,8 +822,7 @@ def test_verls_validation_logs_our_val_metrics_from_the_same_rollouts(flipped_ru
             assert ours[name] == verls(success_key(name)), (name, metrics)
         assert ours[names.val_success(k)] <= ours[names.val_success(0.7)]
     print(f"\nvalidation success@k: {ours}")
-    assert 0.0 < ours[names.val_success(0.7)] < 1.0, ours
-    assert 0.0 < ours[names.val_tool_success(0.7)] < 1.0, ours
+    assert any(0.0 < rate < 1.0 for rate in ours.values()), ours
     steps = [
         m.step
         for m in flipped_run.client.get_metric_history(flipped_run.run_id, "val/success_at_0.9")
