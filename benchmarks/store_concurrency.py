@@ -9,8 +9,11 @@ own sqlite backend, stopped by its process group at the end):
 Per-writer throughput (steps/s) together is printed as a ratio to the writer alone (1.0: no
 slowdown), with the steps lost (a metric missing at a step) and duplicated (a metric logged
 twice at a step) over every run, metric and step; a writer that fails counts all its steps as
-lost. Each sqlite case starts from a new store, so the writers also race to create and migrate it;
-on both stores they race to create the case's experiment.
+lost, and its error is printed (the end of its traceback). Lineage: the runs whose datasets or
+linked prompts the store does not hold (a run's recipe promises both). ``--trials T`` repeats
+each store's cases T times and ends with the totals. Each sqlite case starts from a new store, so
+the writers also race to create and migrate it; on both stores they race to create the case's
+experiment and its datasets and prompts.
 
 ``--race-rounds R`` then hunts the first-use race alone: R rounds of P processes opening one
 fresh sqlite store at the same moment (open, get or create the experiment, one run); a round
@@ -18,7 +21,7 @@ fails if any process fails. Twenty rounds catch a race that wins one round in te
 probability, thirty with 96%.
 
     python benchmarks/store_concurrency.py [--writers 8] [--steps 150] [--metrics 100]
-        [--stores sqlite,server] [--race-rounds 20] [--race-processes 6]
+        [--stores sqlite,server] [--trials 1] [--race-rounds 20] [--race-processes 6]
 """
 
 from __future__ import annotations
@@ -95,6 +98,21 @@ def run_writers(
     runs = [r[1] for r in results if r[0] == "ok"]
     failures = [r[1] for r in results if r[0] != "ok"]
     return runs, [r[2] for r in results if r[0] == "ok"], failures
+
+
+def without_lineage(uri: str, runs: list[str]) -> list[str]:
+    """The runs whose dataset inputs or linked prompts the store does not hold."""
+    from mlflow import MlflowClient
+
+    from slca_exp.tracking.lineage import linked_prompts, run_datasets
+
+    client = MlflowClient(uri)
+    missing = []
+    for run_id in runs:
+        run = client.get_run(run_id)
+        if not run_datasets(run) or not linked_prompts(run):
+            missing.append(run_id)
+    return missing
 
 
 def count_steps(uri: str, runs: list[str], keys: list[str], steps: int) -> tuple[int, int, int]:
@@ -176,6 +194,7 @@ def scenario(
     recipe: Recipe,
     keys: list[str],
     args: argparse.Namespace,
+    totals: Counter,
 ) -> None:
     """Alone, then together (``trackings``: each case's tracking config); one line per case."""
     line = {}
@@ -188,16 +207,26 @@ def scenario(
         expected, lost, dup = count_steps(uri, runs, keys, args.steps)
         lost += len(failures) * len(keys) * args.steps  # a writer that failed logged nothing
         expected += len(failures) * len(keys) * args.steps
+        bare = without_lineage(uri, runs)
         per_writer = sorted(args.steps / s for s in seconds) if seconds else [0.0]
         line[label] = per_writer[len(per_writer) // 2]  # the median writer
         print(
             f"{name:7s} {label:9s} writers {writers:2d}  failed {len(failures)}  "
             f"steps/s per writer {line[label]:7.1f} (slowest {per_writer[0]:.1f})  "
             f"rows {expected}  lost {lost} ({lost / max(expected, 1):.1%})  "
-            f"duplicated {dup} ({dup / max(expected, 1):.1%})"
+            f"duplicated {dup} ({dup / max(expected, 1):.1%})  without lineage {len(bare)}"
         )
-        for failure in failures[:2]:
-            print("  " + failure.strip().splitlines()[-1])
+        for failure in failures:
+            print("  a writer failed:\n    " + "\n    ".join(failure.strip().splitlines()[-12:]))
+        for key, value in (
+            ("writers", writers),
+            ("failed", len(failures)),
+            ("rows", expected),
+            ("lost", lost),
+            ("duplicated", dup),
+            ("without lineage", len(bare)),
+        ):
+            totals[(name, key)] += value
     cpus = os.cpu_count() or 1
     print(
         f"{name:7s} per-writer throughput together / alone: "
@@ -251,6 +280,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=150, help="steps each writer logs")
     parser.add_argument("--metrics", type=int, default=100, help="metrics per step")
     parser.add_argument("--stores", default="sqlite,server", help="sqlite, server or both")
+    parser.add_argument("--trials", type=int, default=1, help="times each store's cases run")
     parser.add_argument("--race-rounds", type=int, default=20, help="0: no race hunt")
     parser.add_argument("--race-processes", type=int, default=6)
     parser.add_argument(
@@ -270,17 +300,32 @@ def main() -> None:
             f"(cpus: {os.cpu_count()})\n"
         )
         stores = args.stores.split(",")
-        if "sqlite" in stores:  # a new store for each case
-            cases = {c: replace(tracking, root=str(base / f"sqlite-{c}")) for c in CASES}
-            scenario("sqlite", cases, recipe, keys, args)
-        if "server" in stores:  # one new server; the server creates its store itself
-            (base / "server").mkdir()
-            server = Server(base / "server")
-            try:
-                served = replace(tracking, root=str(base / "client"), mlflow_uri=server.url)
-                scenario("server", dict.fromkeys(CASES, served), recipe, keys, args)
-            finally:
-                server.stop()
+        totals: Counter = Counter()
+        for trial in range(args.trials):
+            if args.trials > 1:
+                print(f"trial {trial + 1} of {args.trials}")
+            if "sqlite" in stores:  # a new store for each case
+                roots = {c: str(base / f"sqlite-{trial}-{c}") for c in CASES}
+                cases = {c: replace(tracking, root=root) for c, root in roots.items()}
+                scenario("sqlite", cases, recipe, keys, args, totals)
+            if "server" in stores:  # one new server; the server creates its store itself
+                folder = base / f"server-{trial}"
+                folder.mkdir()
+                server = Server(folder)
+                try:
+                    served = replace(tracking, root=str(base / "client"), mlflow_uri=server.url)
+                    scenario("server", dict.fromkeys(CASES, served), recipe, keys, args, totals)
+                finally:
+                    server.stop()
+        print(f"totals over {args.trials} trial(s), alone and together:")
+        for store in ("sqlite", "server"):
+            if (store, "writers") in totals:
+                print(
+                    f"  {store:7s} writers {totals[store, 'writers']}  failed "
+                    f"{totals[store, 'failed']}  rows {totals[store, 'rows']}  lost "
+                    f"{totals[store, 'lost']}  duplicated {totals[store, 'duplicated']}  "
+                    f"runs without lineage {totals[store, 'without lineage']}"
+                )
         if args.race_rounds:
             race(args.race_rounds, args.race_processes, args.dir)
 

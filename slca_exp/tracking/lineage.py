@@ -18,12 +18,15 @@ experiment by its tag.)
 from __future__ import annotations
 
 import json
+import random
 import tempfile
 import threading
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from slca_exp.core.tags import EXPERIMENT_KIND, FINGERPRINT, MODEL_PATH, PROMPT_SHA256
 
@@ -43,6 +46,56 @@ DIGEST_CHARS = 12
 the full sha256 is in the dataset's profile)."""
 MODEL_TYPE = "policy"
 """The ``model_type`` of the trained policy's logged model."""
+CONFLICT_ATTEMPTS = 8
+"""Attempts of a get-or-create that keeps meeting another writer's record being created."""
+_CONFLICTS = (
+    "UNIQUE constraint failed",
+    "IntegrityError",
+    "duplicate key value",
+    "Duplicate entry",
+    "is registered as a model, not a prompt",
+)
+"""How sqlite, PostgreSQL and MySQL stores word a uniqueness conflict (a server passes the
+message on in its ``BAD_REQUEST``), and how MLflow's client sees a prompt another writer is
+creating: its registered model exists a moment before the tag that makes it a prompt. (A name
+that really is a model's fails again on every attempt and is reported.)"""
+
+
+def is_conflict(err: BaseException) -> bool:
+    """Whether ``err`` is a uniqueness conflict: another writer made the same record meanwhile."""
+    if getattr(err, "error_code", None) == "RESOURCE_ALREADY_EXISTS":
+        return True
+    text = str(err)
+    return any(marker in text for marker in _CONFLICTS)
+
+
+T = TypeVar("T")
+
+
+def on_conflict(
+    call: Callable[[], T],
+    *,
+    attempts: int = CONFLICT_ATTEMPTS,
+    sleep: Callable[[float], None] = time.sleep,
+) -> T:
+    """``call()`` (a get-or-create), again while it fails with a uniqueness conflict.
+
+    A conflict means the record exists now: the next attempt finds it and uses it. Runs of one
+    sweep started at once against one server meet such conflicts creating the same dataset,
+    prompt or prompt version.
+
+    Raises:
+        Exception: any other error at once; a conflict after ``attempts`` attempts.
+
+    """
+    for attempt in range(attempts):
+        try:
+            return call()
+        except Exception as err:
+            if not is_conflict(err) or attempt == attempts - 1:
+                raise
+        sleep(random.uniform(0.02, 0.1) * (attempt + 1))  # jitter: do not collide in step again
+    raise AssertionError("unreachable")
 
 
 @dataclass(frozen=True)
@@ -144,7 +197,7 @@ def record_run_lineage(
             client, entry["name"], recipe.prompt_texts[group], entry["sha256"]
         )
         versions[group] = str(version.version)
-        list_in_experiment(client, entry["name"], experiment_id)
+        on_conflict(partial(list_in_experiment, client, entry["name"], experiment_id))
     link_prompts(client, run_id, [(recipe.prompts[g]["name"], v) for g, v in versions.items()])
     return versions
 
@@ -183,8 +236,8 @@ def log_datasets(client: MlflowClient, run_id: str, datasets: Sequence[SplitData
         )
         for d in datasets
     ]
-    if inputs:
-        client.log_inputs(run_id, datasets=inputs)
+    if inputs:  # the store reuses a dataset of the same name and digest: a retry links to it
+        on_conflict(lambda: client.log_inputs(run_id, datasets=inputs))
 
 
 def run_datasets(run: Run) -> dict[str, str]:
@@ -198,8 +251,8 @@ def register_prompt(client: MlflowClient, name: str, text: str, sha256: str) -> 
     """The registry version of ``name`` holding ``text``: the existing one, else a new one.
 
     Versions are found by their tag :data:`PROMPT_SHA256`, so registering the same text twice gives
-    the same version. Two jobs that register a new text at once may both create a version; the
-    later one is deleted again and both use the earlier one.
+    the same version. Jobs that register a new text at once may each create a version; each job
+    then uses the earliest and deletes the one it made, so one version is left.
 
     Args:
         client: a client of the store (sqlite or server).
@@ -208,25 +261,22 @@ def register_prompt(client: MlflowClient, name: str, text: str, sha256: str) -> 
         sha256: sha256 (hex) of ``text``.
 
     """
-    from mlflow.exceptions import MlflowException
-
-    found = _version_with(client, name, sha256)
-    if found is not None:
-        return found
     message = f"slca-exp: template sha256 {sha256[:12]}"
-    try:
-        created = client.register_prompt(name, text, message, tags={PROMPT_SHA256: sha256})
-    except MlflowException:
-        # Another job created the prompt (the registry's first version) at the same moment.
+    made: list[PromptVersion] = []
+
+    def get_or_create() -> PromptVersion:
         found = _version_with(client, name, sha256)
         if found is not None:
             return found
-        created = client.register_prompt(name, text, message, tags={PROMPT_SHA256: sha256})
-    first = _version_with(client, name, sha256)
-    if first is not None and int(first.version) < int(created.version):
-        client.delete_prompt_version(name, str(created.version))
-        return first
-    return created
+        made.append(client.register_prompt(name, text, message, tags={PROMPT_SHA256: sha256}))
+        return _version_with(client, name, sha256) or made[-1]  # the earliest: ours or theirs
+
+    # A conflict: another job is creating the prompt, or the same version number, right now.
+    chosen = on_conflict(get_or_create)
+    for version in made:
+        if int(version.version) != int(chosen.version):
+            client.delete_prompt_version(name, str(version.version))
+    return chosen
 
 
 def list_in_experiment(client: MlflowClient, name: str, experiment_id: str) -> None:
@@ -240,9 +290,14 @@ def list_in_experiment(client: MlflowClient, name: str, experiment_id: str) -> N
     for thread in threading.enumerate():
         if thread.name.startswith("link_prompt_to_experiment_thread"):
             thread.join(timeout=30)
-    prompt = client.get_prompt(name)
-    listed = [i for i in (prompt.tags.get(PROMPT_EXPERIMENT_IDS_TAG_KEY) or "").split(",") if i]
-    if experiment_id not in listed:
+    # Read, add, write, read again: a job of another experiment writing the tag at the same
+    # moment may have replaced this one's value with its own.
+    for _ in range(CONFLICT_ATTEMPTS):
+        prompt = client.get_prompt(name)
+        tag = prompt.tags.get(PROMPT_EXPERIMENT_IDS_TAG_KEY) or ""
+        listed = [i for i in tag.split(",") if i]
+        if experiment_id in listed:
+            return
         value = f",{','.join([*listed, experiment_id])},"
         client.set_prompt_tag(name, PROMPT_EXPERIMENT_IDS_TAG_KEY, value)
 

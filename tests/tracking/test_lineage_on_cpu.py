@@ -230,3 +230,55 @@ def test_the_outcome_judges_prompts_are_registered_and_linked(store, tmp_path, j
     plain = build_recipe(validate(compose_run([f"tracking.root={tmp_path}", "data.rows=32"])))
     assert "outcome" not in plain.reward and "tool_reward" not in plain.reward
     assert recipe.fingerprint != plain.fingerprint
+
+
+class _Refused(Exception):
+    """An error as MLflow raises it: a message, sometimes an error code."""
+
+    def __init__(self, message, error_code=None):
+        super().__init__(message)
+        self.error_code = error_code
+
+
+CONFLICTS = [  # each store's wording of "another writer made that record a moment ago"
+    _Refused("BAD_REQUEST: (sqlite3.IntegrityError) UNIQUE constraint failed: datasets.name"),
+    _Refused('duplicate key value violates unique constraint "datasets_pk"'),
+    _Refused("(1062, \"Duplicate entry 'x' for key 'PRIMARY'\")"),
+    _Refused("Model 'm' already exists", error_code="RESOURCE_ALREADY_EXISTS"),
+]
+
+
+@pytest.mark.parametrize("conflict", CONFLICTS, ids=["sqlite", "postgres", "mysql", "code"])
+def test_a_conflict_is_met_again_until_the_record_is_found(conflict):
+    calls, waits = [], []
+
+    def get_or_create():
+        calls.append(1)
+        if len(calls) < 3:
+            raise conflict
+        return "the record"
+
+    assert lineage.is_conflict(conflict)
+    assert lineage.on_conflict(get_or_create, sleep=waits.append) == "the record"
+    assert len(calls) == 3 and len(waits) == 2 and all(0 < w <= 0.2 for w in waits)
+
+
+def test_another_error_is_raised_at_once_and_a_conflict_that_persists_in_the_end():
+    calls = []
+
+    def broken():
+        calls.append(1)
+        raise _Refused("PERMISSION_DENIED: no", error_code="PERMISSION_DENIED")
+
+    with pytest.raises(_Refused, match="PERMISSION_DENIED"):
+        lineage.on_conflict(broken, sleep=lambda _: None)
+    assert len(calls) == 1
+    calls.clear()
+
+    def stuck():
+        calls.append(1)
+        raise CONFLICTS[0]
+
+    with pytest.raises(_Refused, match="UNIQUE constraint failed"):
+        lineage.on_conflict(stuck, attempts=4, sleep=lambda _: None)
+    assert len(calls) == 4

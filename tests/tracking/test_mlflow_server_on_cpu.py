@@ -1,5 +1,6 @@
 """A real ``mlflow server`` on 127.0.0.1, killed mid-run and restarted: every step lands once."""
 
+import json
 import os
 import shutil
 import signal
@@ -38,7 +39,7 @@ class Server:
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen | None = None
 
-    def start(self) -> None:
+    def start(self, workers: int = 1) -> None:
         log = (self.root / "server.log").open("a")
         self.proc = subprocess.Popen(
             [
@@ -53,7 +54,7 @@ class Server:
                 "--port",
                 str(self.port),
                 "--workers",
-                "1",
+                str(workers),
             ],
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -156,3 +157,61 @@ def test_server_killed_mid_run_and_restarted_keeps_every_step_once(server, tmp_p
         client, tracker.run_id, policy, name="policy", fingerprint="f", step=19, copy=True
     )
     assert {f.path for f in client.list_logged_model_artifacts(model.model_id)} == {"config.json"}
+
+
+def _start_run(config, recipe, go, out) -> None:
+    """One job of a sweep: open its run (datasets, prompts) at the barrier, finish it."""
+    try:
+        tracker = MlflowTracker(config.tracking, f"racer-{os.getpid()}", Redactor())
+        go.wait()
+        tracker.start(recipe, {"seed": 0})
+        tracker.finish("FINISHED")
+        out.put(("ok", tracker.run_id))
+    except BaseException as err:  # noqa: BLE001 - reported by the test
+        out.put(("failed", f"{type(err).__name__}: {err}"))
+
+
+def test_eight_runs_racing_to_record_one_dataset_and_prompt_share_the_one_record(tmp_path):
+    """Eight jobs start at one barrier against a server with 4 workers: each run's datasets and
+    prompts are the one record of each, whoever created it (a uniqueness conflict is "it exists
+    now")."""
+    import multiprocessing
+    import sqlite3
+
+    server = Server(tmp_path)
+    server.start(workers=4)
+    try:
+        config = validate(
+            compose_run(
+                [f"tracking.root={tmp_path / 'client'}", f"tracking.mlflow_uri={server.url}"]
+            )
+        )
+        recipe = build_recipe(config)
+        fork = multiprocessing.get_context("fork")
+        go, out = fork.Barrier(8), fork.Queue()
+        procs = [fork.Process(target=_start_run, args=(config, recipe, go, out)) for _ in range(8)]
+        for proc in procs:
+            proc.start()
+        results = [out.get(timeout=300) for _ in procs]
+        for proc in procs:
+            proc.join(timeout=60)
+        assert all(kind == "ok" for kind, _ in results), results
+        client = MlflowClient(server.url)
+        runs = [client.get_run(run_id) for _, run_id in results]
+        datasets = {frozenset(lineage.run_datasets(run).items()) for run in runs}
+        prompts = {json.dumps(lineage.linked_prompts(run), sort_keys=True) for run in runs}
+        splits = len(lineage.split_datasets(recipe))
+        assert len(datasets) == 1 and len(next(iter(datasets))) == splits, datasets
+        assert len(prompts) == 1 and json.loads(prompts.pop()), prompts
+        for entry in lineage.linked_prompts(runs[0]):
+            versions = lineage.prompt_versions(client, entry["name"])
+            assert [str(v.version) for v in versions] == [entry["version"]], versions
+        with sqlite3.connect(tmp_path / "mlflow.db") as db:
+            rows = db.execute("SELECT name, COUNT(*) FROM datasets GROUP BY name").fetchall()
+            links = db.execute(
+                "SELECT COUNT(DISTINCT destination_id) FROM inputs WHERE source_type = 'DATASET'"
+            ).fetchone()
+        assert sorted(n for _, n in rows) == [1] * splits, rows  # one dataset record each
+        assert links == (8,)
+    finally:
+        server.kill()
