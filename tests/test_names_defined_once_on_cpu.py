@@ -41,6 +41,8 @@ TAG_HELPERS = {
     "job_record": [(0,), (12,)],
     "outage_tag": [("judge",), ("simulator",)],
     "eval_tag": [("bfcl", "version"), ("bfcl", "key")],
+    "attempt_tag": [(1,), (12,)],
+    "moved_tag": [("0123456789abcdef0123456789abcdef",)],
 }
 """Each helper that builds a name, with the arguments it is expanded over."""
 NOT_NAMES = {"known", "glossary_markdown", "is_job_record", "short", "is_eval_metric"}

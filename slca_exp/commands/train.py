@@ -30,7 +30,8 @@ if TYPE_CHECKING:
     from slca_exp.tracking.redact import Redactor
 
 HELP = """\
-usage: slca-exp train [--dry-run] [--offline] [-m] [HYDRA FLAGS] [OVERRIDES]
+usage: slca-exp train [--dry-run] [--offline] [-m] [--fresh] [HYDRA FLAGS] [OVERRIDES]
+       slca-exp train --resume SWEEP_ID [--tracking-uri URI]
 
 Run a recipe: every job is checked first (the config, the recipe's files and weights, the
 engine's own check); a bad recipe exits 2 listing every problem, and nothing is created.
@@ -40,7 +41,13 @@ options:
                    script; submits nothing, runs nothing
   --offline        --dry-run / --cfg: do not ask the judge and simulator servers whether they
                    answer (when they start with the job, on the cluster)
-  -m, --multirun   run one job per combination of the listed values (a=1,2 b=x,y)
+  -m, --multirun   run one job per combination of the listed values (a=1,2 b=x,y); the
+                   same command run again resumes that sweep: under the same parent run, it
+                   runs only the jobs that did not finish (an interrupted one from its
+                   checkpoint)
+  --fresh          with -m: a new sweep, even where this command's sweep exists
+  --resume SWEEP_ID  run the sweep SWEEP_ID's recorded command line again (resuming it); with
+                   --tracking-uri URI for a store other than the default one
   --cfg job|hydra|all  print the composed config of every job, then its problems (exit 2);
                    runs and submits nothing
   --resolve        with --cfg: resolve interpolations
@@ -73,8 +80,40 @@ def main(argv: Sequence[str]) -> int:
         return 0
     try:
         load_plugins()
+        resume_id = _value(rest, "--resume")
+        if resume_id is not None:
+            uri = _value(rest, "--tracking-uri")
+            return _resume(resume_id, uri, _taken(_taken(rest, "--resume"), "--tracking-uri"))
     except ConfigError as err:
         return refuse(err.problems, err.subject)
+    return _train(rest)
+
+
+def _resume(sweep_id: str, uri: str | None, rest: list[str]) -> int:
+    """``train --resume SWEEP_ID``: the sweep's recorded command line, as that sweep again."""
+    from slca_exp.launch.resume import recorded_command
+    from slca_exp.tracking.uris import default_tracking_uri
+
+    if rest:
+        raise ConfigError(
+            [
+                Problem(
+                    "--resume",
+                    f"it runs the sweep's own command line; {' '.join(rest)} would change it",
+                    "drop them, or run the changed command line as a new sweep",
+                )
+            ]
+        )
+    command = recorded_command(uri or default_tracking_uri(), sweep_id)
+    print(f"slca-exp: resuming sweep {sweep_id}: slca-exp train {' '.join(command)}")
+    return _train(command, resume=sweep_id)
+
+
+def _train(rest: list[str], resume: str | None = None) -> int:
+    """``train`` on its arguments; ``resume``: the sweep id they continue (``--resume``)."""
+    given = list(rest)
+    fresh = "--fresh" in rest
+    rest = [a for a in rest if a != "--fresh"]
     dry_run, offline = "--dry-run" in rest, "--offline" in rest
     command = read_command_line([a for a in rest if a not in OWN_FLAGS])
     args, rest = command.args, command.rest
@@ -123,10 +162,57 @@ def main(argv: Sequence[str]) -> int:
             return status
         print(describe(command.launcher, command.profile, checked.jobs))
         return 0
+    plan = None
+    if args.multirun:  # a sweep: what an earlier attempt of it finished is not run again
+        from slca_exp.launch.resume import plan_sweep
+
+        command_line = [a for a in given if a != "--fresh"]
+        plan = plan_sweep(checked.jobs, checked.typed, command_line, resume=resume, fresh=fresh)
+        for num, run_id in sorted((plan.running if plan is not None else {}).items()):
+            print(
+                f"slca-exp: job {num}'s MLflow run {run_id} is still RUNNING in the store: if "
+                "that job is still running somewhere (squeue), stop it first; it runs again now",
+                file=sys.stderr,
+            )
+        if plan is not None and not plan.run:
+            print(
+                f"slca-exp: sweep {plan.sweep_id}: all {len(plan.jobs)} jobs FINISHED before "
+                f"(parent run {plan.parent_run_id}); nothing to run. Compare them: slca-exp "
+                f"compare {plan.sweep_id} --tracking-uri {plan.store}. Add --fresh for a new "
+                "sweep of the same jobs."
+            )
+            return 0
+    from slca_exp.launch.resume import planned
+
     sys.argv = ["slca-exp", *rest]
-    with _study_named(command.study):
+    with _study_named(command.study), planned(plan):
         train.main()
     return 0
+
+
+def _value(argv: list[str], flag: str) -> str | None:
+    """The value of ``flag VALUE`` or ``flag=VALUE`` in ``argv``; ``None`` when absent."""
+    for i, arg in enumerate(argv):
+        if arg == flag:
+            if i + 1 == len(argv) or argv[i + 1].startswith("-"):
+                raise ConfigError([Problem(flag, "needs a value", f"{flag} VALUE")])
+            return argv[i + 1]
+        if arg.startswith(flag + "="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+def _taken(argv: list[str], flag: str) -> list[str]:
+    """``argv`` without ``flag VALUE`` / ``flag=VALUE``."""
+    out, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg == flag:
+            skip = True
+        elif not arg.startswith(flag + "="):
+            out.append(arg)
+    return out
 
 
 def _after_train_problems(configs: Sequence[RunConfig]) -> list[Problem]:

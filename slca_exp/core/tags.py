@@ -4,8 +4,10 @@
                                  SWEEP on every run (short labels; recipe.json holds the rest)
     the sweep callback        -> parent: SWEEP, ROLE, SWEPT, OVERRIDES, SWEEP_DIR, STUDY,
                                  EXPECTED_JOBS, job_record(n), JOBS_FAILED, JOBS_REPORTED,
-                                 SWEEP_ERROR, SERVICE_TAGS;
-                                 children: SWEEP, ROLE, JOB, JOB_STATUS, OVERRIDES, swept_tag(key)
+                                 SWEEP_ERROR, SERVICE_TAGS, SWEEP_KEY, SWEEP_COMMAND, ATTEMPTS,
+                                 attempt_tag(n), moved_tag(run);
+                                 children: SWEEP, ROLE, JOB, JOB_STATUS, OVERRIDES, swept_tag(key),
+                                 SUPERSEDED_BY
     the engines and trackers  -> STAGE, RESUMED, outage_tag(service), MLflow's own tags below
     lineage                   -> PROMPT_SHA256 on prompt versions; FINGERPRINT and MODEL_PATH
                                  on logged models; EXPERIMENT_KIND on experiments
@@ -52,6 +54,14 @@ JOB_RECORD_PREFIX: Final = "slca.jobs."
 JOBS_FAILED: Final = "slca.jobs.failed"
 JOBS_REPORTED: Final = "slca.jobs.reported"
 SWEEP_ERROR: Final = "slca.sweep_error"
+SWEEP_KEY: Final = "slca.sweep_key"
+SWEEP_COMMAND: Final = "slca.command"
+ATTEMPTS: Final = "slca.attempts"
+ATTEMPT_PREFIX: Final = "slca.attempt."
+"""Parent tags ``slca.attempt.<n>`` (:func:`attempt_tag`): each attempt's record (JSON)."""
+MOVED_PREFIX: Final = "slca.moved."
+"""Parent tags ``slca.moved.<run id>`` (:func:`moved_tag`): a run another sweep resumed."""
+SUPERSEDED_BY: Final = "slca.superseded_by"
 JUDGE_SERVICE: Final = "slca.service.judge"
 SIMULATOR_SERVICE: Final = "slca.service.simulator"
 SERVICE_TAGS: Final[dict[str, str]] = {"judge": JUDGE_SERVICE, "simulator": SIMULATOR_SERVICE}
@@ -108,6 +118,16 @@ def is_job_record(key: str) -> bool:
     return key.startswith(JOB_RECORD_PREFIX) and key[len(JOB_RECORD_PREFIX) :].isdigit()
 
 
+def attempt_tag(num: int) -> str:
+    """``slca.attempt.{num}``: the parent's record of the sweep's attempt ``num`` (1 first)."""
+    return f"{ATTEMPT_PREFIX}{num}"
+
+
+def moved_tag(run_id: str) -> str:
+    """``slca.moved.{run_id}``: on the parent a run left when another sweep resumed it."""
+    return f"{MOVED_PREFIX}{run_id}"
+
+
 def outage_tag(service: str) -> str:
     """``slca.outage.{service}``: the RL steps in which every request to the service failed."""
     return f"{OUTAGE_PREFIX}{service}"
@@ -153,6 +173,12 @@ TAGS: Final[dict[str, str]] = {
     JOBS_FAILED: "parent: jobs that failed",
     JOBS_REPORTED: "parent: jobs that reported",
     SWEEP_ERROR: "parent: why the sweep ended FAILED",
+    SWEEP_KEY: "parent: digest of every job's run key (the same command line: the same key)",
+    SWEEP_COMMAND: "parent: the train command line that ran the sweep (what --resume runs)",
+    ATTEMPTS: "parent: how many times the sweep was run (a resumed sweep adds one)",
+    f"{ATTEMPT_PREFIX}<n>": "parent: attempt n's record (JSON): when, the jobs it ran and skipped",
+    f"{MOVED_PREFIX}<run id>": "parent: the sweep whose parent run now holds that run (resumed)",
+    SUPERSEDED_BY: "child: the run of a later attempt that re-ran this run's job",
     JUDGE_SERVICE: "parent: the judge service every job resolves (name@fingerprint)",
     SIMULATOR_SERVICE: "parent: the simulator service every job resolves (name@fingerprint)",
     STAGE: f"'{SFT_STAGE}' on the verl engine's SFT run",

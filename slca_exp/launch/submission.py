@@ -13,8 +13,11 @@ launcher was chosen (``launcher=`` profile or ``hydra/launcher=``):
   accounting each poll fails: ``sacct`` writes its own complaint ("Slurm accounting storage is
   disabled") to the terminal it inherits, and submitit warns that the call failed, each warning
   printed by three handlers (24 lines for a 1-minute job). ``sacct``'s stderr is captured
-  instead, and the first failure is said once, in our words with ``sacct``'s reason: job states
-  then come from submitit's own files, which is all a sweep needs.
+  instead, and the first failure is said once, in our words with ``sacct``'s reason. Job states
+  then come from ``squeue -t all``, which keeps a job's final state for a while after it ended,
+  in ``sacct``'s format; where squeue cannot answer either, from submitit's own files (each job
+  writes its result there, but an array element cancelled before it started never does, and
+  submitit would wait for it forever).
 """
 
 from __future__ import annotations
@@ -32,6 +35,10 @@ from slca_exp.core.shown import shown_path
 
 SACCT_WARNING = "Bypassing sacct error"
 """What submitit's warning says when ``sacct`` fails (``submitit/core/core.py``)."""
+GONE = "GONE"
+"""The state of a job squeue no longer lists (it ended; submitit found no result from it)."""
+MAX_ARRAY_INDEX = 1000
+"""The highest array index SLURM gives by default (``MaxArraySize`` 1001)."""
 POLL_S = 0.5
 """How often :class:`SubmissionWatch` looks for new job folders."""
 
@@ -46,6 +53,7 @@ class _SacctCaptured:
 
     def __init__(self, module: ModuleType) -> None:
         self.module = module
+        self.said = False
         self.reason = ""
         """What the last failed ``sacct`` call wrote to stderr (or why it could not run)."""
 
@@ -63,10 +71,53 @@ class _SacctCaptured:
             if isinstance(said, bytes):
                 said = said.decode(errors="replace")
             self.reason = " ".join((said or "").split()) or f"exit status {err.returncode}"
-            raise
+            failed: Exception = err
         except OSError as err:
             self.reason = err.strerror or type(err).__name__
-            raise
+            failed = err
+        states = self._from_squeue(command)
+        if states is None:
+            raise failed
+        if not self.said:
+            self.said = True
+            print(
+                "slca-exp: submitit cannot ask SLURM's accounting (its sacct call failed: "
+                f"{self.reason}); job states are read from squeue instead (said once)",
+                file=sys.stderr,
+                flush=True,
+            )
+        return states
+
+    def _from_squeue(self, command: Sequence[str] | str) -> bytes | None:
+        """What ``sacct`` would have answered for the jobs ``command`` asks about, from squeue.
+
+        ``squeue -r -t all`` lists every waiting or running job (each array element on its own
+        line) and keeps an ended one for a while (SLURM's ``MinJobAge``, 5 minutes by default)
+        with its final state. A job it does not list has ended: its state is then
+        :data:`GONE`. submitit asks only about jobs that left no result file, and without an
+        answer it would wait forever for one that never will, as an array element cancelled
+        before it started (SLURM forgets those at once). ``None`` when squeue cannot answer.
+        """
+        words = command.split() if isinstance(command, str) else [str(w) for w in command]
+        arrays = {words[i + 1] for i, w in enumerate(words[:-1]) if w == "-j"}
+        try:
+            found = self.module.run(
+                ["squeue", "-h", "-r", "-t", "all", "-o", "%i|%T|%N"],
+                capture_output=True,
+                text=True,
+                timeout=30,
+                check=False,
+            )
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        if found.returncode != 0:
+            return None
+        rows = [x for x in found.stdout.splitlines() if x.split("|")[0].split("_")[0] in arrays]
+        # Every job asked about, and every element of its array, is gone unless listed (later
+        # lines win in submitit's reading): SLURM's largest array has MAX_ARRAY_INDEX + 1.
+        gone = [f"{a}|{GONE}|" for a in sorted(arrays)]
+        gone += [f"{a}_[0-{MAX_ARRAY_INDEX}]|{GONE}|" for a in sorted(arrays)]
+        return "\n".join(["JobID|State|NodeList", *gone, *rows, ""]).encode()
 
 
 def _is_sacct(command: Sequence[str] | str) -> bool:

@@ -22,6 +22,9 @@
   an ``atexit`` hook ends it FAILED. (Tags, not artifacts, carry the job records because
   artifact downloads need worker threads, which Python refuses once it is exiting.)
 
+A sweep run again (``launch/resume.py``) keeps its parent: ``on_multirun_start`` reopens it and
+records the attempt, each job keeps its number, and a job's run is the one its tracker names.
+
 Hydra turns exceptions raised in callbacks into warnings, so the tests call these methods directly.
 """
 
@@ -51,6 +54,7 @@ from slca_exp.core.tags import (
     JOBS_REPORTED,
     OVERRIDES,
     PARENT_ROLE,
+    PARENT_RUN,
     ROLE,
     RUN_NOTE,
     SERVICE_TAGS,
@@ -63,10 +67,12 @@ from slca_exp.core.tags import (
     job_record,
     swept_tag,
 )
+from slca_exp.launch import resume
 from slca_exp.launch.command import STUDY_ENV
+from slca_exp.launch.resume import SweepPlan
 from slca_exp.tracking import sweep_runs
 from slca_exp.tracking.closing import say, slurm_job, sweep_block
-from slca_exp.tracking.mlflow import get_or_create_experiment
+from slca_exp.tracking.mlflow import RUN_ID_ENV, get_or_create_experiment
 from slca_exp.tracking.redact import Redactor
 from slca_exp.tracking.sweep_runs import (
     ENV_PARENT_RUN_ID,
@@ -112,6 +118,7 @@ class MlflowSweepCallback(Callback):
         self._client_cache: Any = None
         self.sweep_dir: str | None = None
         self._submissions: Any = None
+        self.plan: SweepPlan | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         # Pickled into submitit jobs: an MlflowClient holds a store connection; rebuild it there.
@@ -145,6 +152,10 @@ class MlflowSweepCallback(Callback):
         self.expected_jobs = _expected_jobs(config, raw)
         self.sweep_dir = str(Path(str(OmegaConf.select(config, "hydra.sweep.dir"))).resolve())
         client = self._client()
+        self.plan = SweepPlan.from_env()
+        if self.plan is not None and self.plan.parent_run_id:
+            self._reopen(client, self.plan)
+            return
         self.experiment_id = get_or_create_experiment(
             client, name, artifact_root(config, self.tracking_uri)
         )
@@ -161,6 +172,8 @@ class MlflowSweepCallback(Callback):
             ),
         }
         tags |= service_tags(config, swept=self.swept)
+        if self.plan is not None:
+            tags |= resume.first_attempt_tags(self.plan, self.sweep_dir, redactor.text)
         if os.environ.get(STUDY_ENV):
             tags[STUDY] = os.environ[STUDY_ENV]
         run = client.create_run(self.experiment_id, run_name=self.sweep_id, tags=tags)
@@ -180,12 +193,16 @@ class MlflowSweepCallback(Callback):
         self._saved_env = {k: os.environ.get(k) for k in (ENV_PARENT_RUN_ID, ENV_SWEEP_ID)}
         os.environ[ENV_PARENT_RUN_ID] = self.parent_run_id
         os.environ[ENV_SWEEP_ID] = str(self.sweep_id)
+        os.environ.pop(RUN_ID_ENV, None)  # the tracker sets it to the run this job writes to
         overrides = [str(o) for o in OmegaConf.select(config, "hydra.overrides.task") or []]
         redactor = Redactor.for_config(config)
         # The tracker's default run name (tracking/build.py), to tell parallel jobs' runs apart.
         plain = sorted(o for o in overrides if not o.lstrip("+~").startswith("hydra"))
+        # A resumed sweep launches some of its jobs: each carries its number in the sweep.
+        planned = OmegaConf.select(config, f"hydra.job.env_set.{resume.JOB_NUM_ENV}")
+        num = planned if planned is not None else OmegaConf.select(config, "hydra.job.num")
         self._job = {
-            "num": int(OmegaConf.select(config, "hydra.job.num", default=0) or 0),
+            "num": int(num or 0),
             "overrides": [redactor.text(o) for o in overrides],
             "start_ms": int(time.time() * 1000),
         }
@@ -207,14 +224,7 @@ class MlflowSweepCallback(Callback):
             job["status"] = status
             job["return"] = _describe_return(job_return)
             client = self._client()
-            child = sweep_runs.find_child(
-                client,
-                self.experiment_id,
-                self.parent_run_id,
-                job["start_ms"],
-                self._raw_overrides,
-                run_name=self._run_name,
-            )
+            child = self._job_run(client, job)
             job["run_id"] = child.info.run_id if child else None
             if child is None:
                 log.warning(
@@ -223,8 +233,21 @@ class MlflowSweepCallback(Callback):
                     self.sweep_id,
                     job["num"],
                 )
+            elif child.data.tags.get(PARENT_RUN) != self.parent_run_id:
+                log.warning(
+                    "sweep %s: job %d wrote to MLflow run %s, a child of run %s, not of this "
+                    "sweep's parent run %s",
+                    self.sweep_id,
+                    job["num"],
+                    child.info.run_id,
+                    child.data.tags.get(PARENT_RUN),
+                    self.parent_run_id,
+                )
             else:
                 self._tag_child(client, child, job, Redactor.for_config(config))
+                resume.supersede(
+                    client, self.experiment_id, self.parent_run_id, job["num"], child.info.run_id
+                )
             client.set_tag(self.parent_run_id, job_record(job["num"]), _record(job))
             self.jobs[job["num"]] = job
         finally:
@@ -242,6 +265,38 @@ class MlflowSweepCallback(Callback):
         self._finish(error=None)
 
     # -- internals ------------------------------------------------------------------------------
+
+    def _reopen(self, client: Any, plan: SweepPlan) -> None:
+        """Continue the sweep ``plan`` resumes: its parent run, its id, a new attempt."""
+        assert plan.parent_run_id is not None
+        self.sweep_id = plan.sweep_id
+        self.expected_jobs = len(plan.jobs)
+        self.experiment_id = client.get_run(plan.parent_run_id).info.experiment_id
+        resume.reopen(client, plan, self.sweep_dir)
+        self.parent_run_id = plan.parent_run_id
+        atexit.register(self._end_if_open)
+        say(
+            [
+                f"resuming sweep {self.sweep_id} (parent run {plan.parent_run_id}), attempt "
+                f"{plan.attempt}: {len(plan.run)} of {len(plan.jobs)} jobs to run "
+                f"({', '.join(map(str, plan.run))}); "
+                f"{len(plan.skipped)} finished before and kept"
+            ]
+        )
+
+    def _job_run(self, client: Any, job: dict[str, Any]) -> Any:
+        """The run the job wrote to: the one its tracker named, else the child it created."""
+        run_id = os.environ.get(RUN_ID_ENV)
+        if run_id:
+            return client.get_run(run_id)
+        return sweep_runs.find_child(
+            client,
+            self.experiment_id,
+            self.parent_run_id,
+            job["start_ms"],
+            self._raw_overrides,
+            run_name=self._run_name,
+        )
 
     def _watch_submissions(self, config: DictConfig) -> None:
         target = str(OmegaConf.select(config, "hydra.launcher._target_", default="") or "")
@@ -366,7 +421,7 @@ def service_tags(config: DictConfig, swept: Mapping[str, object] = ()) -> dict[s
 def _expected_jobs(config: DictConfig, task_overrides: list[str]) -> int | None:
     """Number of jobs the basic sweeper will launch; ``None`` for other sweepers."""
     target = str(OmegaConf.select(config, "hydra.sweeper._target_", default=""))
-    if not target.endswith("BasicSweeper"):
+    if not target.endswith(("BasicSweeper", "ResumingSweeper")):
         return None
     from slca_exp.preflight.compose import expand_sweeps
 

@@ -30,6 +30,8 @@ from slca_exp.core.tags import (
     SOURCE_NAME,
     SOURCE_TYPE,
 )
+from slca_exp.recipe import SWEEP_ID_ENV
+from slca_exp.tracking.adopt import adopt
 from slca_exp.tracking.base import Status
 from slca_exp.tracking.redact import Redactor
 from slca_exp.tracking.rollout_traces import TraceSources
@@ -46,6 +48,8 @@ if TYPE_CHECKING:
 
 PARENT_RUN_ENV = "SLCA_EXP_PARENT_RUN_ID"
 """The MLflow run id a job's run is created under (tag ``mlflow.parentRunId``)."""
+RUN_ID_ENV = "SLCA_EXP_MLFLOW_RUN_ID"
+"""Set by the tracker in its own process to the run it writes to (the sweep callback reads it)."""
 
 MAX_PARAMS_PER_BATCH = 100
 MAX_METRICS_PER_BATCH = 1000
@@ -198,6 +202,7 @@ class MlflowTracker:
                 "store under tracking.root), or choose another tracker: tracking=none"
             ) from err
         self.run_id = run.info.run_id
+        os.environ[RUN_ID_ENV] = self.run_id
         self.spool = Spool(self.root / "spool" / f"{self.run_id}.jsonl")
         flat = flatten_params(self.redactor.mapping(params))
         items = [Param(k, v) for k, v in flat.items()]
@@ -217,10 +222,15 @@ class MlflowTracker:
             self.client.get_run(run_id)
             self.client.update_run(run_id, status="RUNNING")
             self.client.set_tag(run_id, RESUMED, "true")
+            sweep = os.environ.get(SWEEP_ID_ENV)
+            moved = adopt(self.client, run_id, self.parent_run_id, sweep)
         except MlflowException:
             print(f"slca-exp: MLflow run {run_id} to resume is gone; starting a new run")
             return False
         self.run_id = run_id
+        os.environ[RUN_ID_ENV] = run_id
+        if moved:
+            print(f"slca-exp: MLflow run {run_id} moved from parent run {moved} to sweep {sweep}")
         self.spool = Spool(self.root / "spool" / f"{self.run_id}.jsonl")
         print(f"slca-exp: resuming MLflow run {run_id}")
         return True

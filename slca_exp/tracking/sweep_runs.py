@@ -15,7 +15,7 @@ from typing import Any
 from slca_exp.core import names
 from slca_exp.core.names import METRICS
 from slca_exp.core.process import env_set
-from slca_exp.core.tags import JOB, JOB_STATUS, OVERRIDES, PARENT_RUN
+from slca_exp.core.tags import JOB, JOB_STATUS, OVERRIDES, PARENT_RUN, SUPERSEDED_BY
 from slca_exp.recipe import SWEEP_ID_ENV
 from slca_exp.tracking.mlflow import PARENT_RUN_ENV
 
@@ -81,11 +81,18 @@ def search_all(client: Any, experiment_ids: Sequence[str], filter_string: str = 
             return runs
 
 
-def children(client: Any, experiment_id: str | None, parent_run_id: str) -> list[Any]:
-    """The child runs of ``parent_run_id`` (tag ``mlflow.parentRunId``), oldest first."""
+def children(
+    client: Any, experiment_id: str | None, parent_run_id: str, *, superseded: bool = False
+) -> list[Any]:
+    """The child runs of ``parent_run_id`` (tag ``mlflow.parentRunId``), oldest first.
+
+    A run whose job a later attempt of the sweep ran again (tag ``slca.superseded_by``) is left
+    out unless ``superseded``: the sweep's result is each job's latest run.
+    """
     if experiment_id is None:
         experiment_id = client.get_run(parent_run_id).info.experiment_id
-    return search_all(client, [experiment_id], f"tags.`{PARENT_RUN}` = '{parent_run_id}'")
+    runs = search_all(client, [experiment_id], f"tags.`{PARENT_RUN}` = '{parent_run_id}'")
+    return [r for r in runs if superseded or SUPERSEDED_BY not in r.data.tags]
 
 
 def find_child(

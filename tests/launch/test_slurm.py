@@ -247,3 +247,111 @@ def test_a_failure_on_rank_1_fails_the_job_with_rank_1s_log_path(tmp_path):
     _, parents, children = mlflow_runs(tmp_path)
     assert parents[0].info.status == "FAILED"
     assert all(r.info.status != "RUNNING" for r in children)
+
+
+def _arrays(tmp_path):
+    """The array jobs submitted into the sweep's folder so far, oldest first."""
+    return sorted({i.split("_")[0] for i in job_ids(tmp_path)}, key=int)
+
+
+def _array_spec(tmp_path, array):
+    """The ``--array=...`` value of a job's submission script; ``None`` for a single job."""
+    script = (tmp_path / "multirun" / ".submitit" / array / f"{array}_submission.sh").read_text()
+    lines = [x for x in script.splitlines() if x.startswith("#SBATCH --array=")]
+    return lines[0].removeprefix("#SBATCH --array=") if lines else None
+
+
+def _queue_empty(arrays, timeout=240):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        res = subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True)
+        if not {x.split("_")[0] for x in res.stdout.split()} & set(arrays):
+            return
+        time.sleep(1)
+    raise AssertionError(f"jobs of {arrays} still queued after {timeout} s")
+
+
+def _finished(tmp_path):
+    """Whether a job's run has FINISHED (the store opened under its lock: jobs create it)."""
+    from slca_exp.tracking.store import open_client
+
+    if not (tmp_path / "out" / "mlflow.db").exists():
+        return False
+    client = open_client(f"sqlite:///{tmp_path / 'out' / 'mlflow.db'}")
+    runs = [r for e in client.search_experiments() for r in client.search_runs([e.experiment_id])]
+    return any(r.info.status == "FINISHED" and r.data.tags.get("slca.job") for r in runs)
+
+
+def _wait_for(condition, what, timeout=240):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if condition():
+            return
+        time.sleep(1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_a_cancelled_array_then_a_failed_job_resume_as_smaller_arrays_of_one_sweep(tmp_path):
+    # 4 jobs, one at a time: (grpo, 0), (grpo, 1), (slca_grpo, 0), (slca_grpo, 1)
+    args = [
+        "algorithm=grpo,slca_grpo",
+        "seed=0,1",
+        *TINY_LOCAL,
+        "engine.rl.steps=2",
+        "launcher.array_parallelism=1",
+    ]
+    outputs = []
+    # 1. the whole array is cancelled (scancel) once its first job finished
+    proc = submit(tmp_path, *args, wait=False)
+    try:
+        _wait_for(lambda: _finished(tmp_path), "the first job's run to finish")
+        (first,) = _arrays(tmp_path)
+        subprocess.run(["scancel", first], check=True)
+        outputs.append(proc.communicate(timeout=180)[0])
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode != 0, outputs[-1][-3000:]
+    assert _array_spec(tmp_path, first).startswith("0-3%")
+    _queue_empty([first])
+    # 2. the same command: jobs 1-3 as one array of 3; one of them is made to fail (its
+    # element cancelled while it waits)
+    proc = submit(tmp_path, *args, wait=False)
+    try:
+        _wait_for(lambda: len(_arrays(tmp_path)) == 2, "the second array")
+        second = _arrays(tmp_path)[1]
+        subprocess.run(["scancel", f"{second}_1"], check=True)  # element 1: job 2
+        outputs.append(proc.communicate(timeout=300)[0])
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert "attempt 2: 3 of 4 jobs to run (1, 2, 3)" in outputs[-1], outputs[-1][-3000:]
+    assert _array_spec(tmp_path, second).startswith("0-2%")
+    assert proc.returncode != 0
+    _queue_empty([second])  # the element after the cancelled one still runs to the end
+    # 3. the same command: the one job left, submitted alone (submitit gives a single job no
+    # --array)
+    before = set(job_ids(tmp_path))
+    res = submit(tmp_path, *args)
+    outputs.append(res.stdout + res.stderr)
+    assert res.returncode == 0, outputs[-1][-3000:]
+    assert "attempt 3: 1 of 4 jobs to run (2)" in outputs[-1], outputs[-1][-3000:]
+    (third,) = set(job_ids(tmp_path)) - before
+    assert _array_spec(tmp_path, third) is None
+    client, parents, children = mlflow_runs(tmp_path)
+    (parent,) = parents
+    assert parent.info.status == "FINISHED" and parent.data.tags["slca.attempts"] == "3"
+    current = [r for r in children if "slca.superseded_by" not in r.data.tags]
+    assert sorted(r.data.tags["slca.job"] for r in current) == ["0", "1", "2", "3"]
+    assert all(r.info.status == "FINISHED" for r in current)
+    assert all("made no MLflow child run" not in out for out in outputs)
+    logged = (tmp_path / "multirun" / "2" / "train.log").read_text()
+    assert f"SLURM job {third}," in logged  # job 2 ran in its own folder, in the last job
+    compare = subprocess.run(
+        [EXE, "compare", parent.data.tags["slca.sweep"], "--tracking-uri",
+         f"sqlite:///{tmp_path / 'out' / 'mlflow.db'}"],
+        cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert compare.returncode == 0, compare.stderr[-3000:]
+    rows = [x.split() for x in compare.stdout.splitlines() if x.split()[:2] == ["2", "0,1"]]
+    assert sorted(r[2] for r in rows) == ["grpo", "slca_grpo"], compare.stdout

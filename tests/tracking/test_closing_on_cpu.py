@@ -263,7 +263,9 @@ def test_sacct_stderr_stays_off_the_console_and_is_said_once_in_our_words(
     tools = tmp_path / "bin"
     tools.mkdir()
     (tools / "sacct").write_text(f"#!/bin/sh\necho '{SACCT_SAYS}' >&2\nexit 1\n")
-    (tools / "sacct").chmod(0o755)
+    (tools / "squeue").write_text("#!/bin/sh\necho 'squeue: error: no controller' >&2\nexit 1\n")
+    for tool in ("sacct", "squeue"):
+        (tools / tool).chmod(0o755)
     monkeypatch.setenv("PATH", f"{tools}{os.pathsep}{os.environ['PATH']}")
     # this test's own process state, as a fresh process has it; put back afterwards
     monkeypatch.setattr(core, "subprocess", subprocess)
@@ -289,6 +291,47 @@ def test_sacct_stderr_stays_off_the_console_and_is_said_once_in_our_words(
     # every other command of submitit's runs as before
     assert core.subprocess.run is subprocess.run
     assert core.subprocess.check_output(["echo", "ok"]) == b"ok\n"
+
+
+def test_without_accounting_job_states_come_from_squeue_a_cancelled_waiting_one_included(
+    tmp_path, monkeypatch, capfd
+):
+    import submitit.core.core as core
+    from submitit.slurm.slurm import SlurmInfoWatcher
+
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    (tools / "sacct").write_text(f"#!/bin/sh\necho '{SACCT_SAYS}' >&2\nexit 1\n")
+    # squeue -h -r -t all -o '%i|%T|%N': an array of 4, whose element 1 was cancelled while it
+    # waited (SLURM forgets such an element at once), and an unrelated job
+    listed = "12_0|COMPLETED|vm\n12_2|RUNNING|vm\n12_3|PENDING|\n99|RUNNING|vm"
+    (tools / "squeue").write_text(f"#!/bin/sh\nprintf '{listed}\\n'\n")
+    for tool in ("sacct", "squeue"):
+        (tools / tool).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tools}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setattr(core, "subprocess", subprocess)
+    quiet_sacct()
+    watcher = SlurmInfoWatcher(delay_s=0)
+    jobs = ("12_0", "12_1", "12_2", "12_3")
+    for element in jobs:
+        watcher.register_job(element)
+    watcher.update()
+    watcher.update()
+    states = {e: watcher.get_state(e, mode="cache") for e in (*jobs, "99")}
+    assert states == {
+        "12_0": "COMPLETED",
+        "12_1": "GONE",
+        "12_2": "RUNNING",
+        "12_3": "PENDING",
+        "99": "UNKNOWN",  # not asked about
+    }
+    assert watcher.is_done("12_1", mode="cache")  # so submitit stops waiting for its result
+    assert not watcher.is_done("12_3", mode="cache")
+    about = [x for x in capfd.readouterr().err.splitlines() if "accounting" in x]
+    assert about == [
+        f"slca-exp: submitit cannot ask SLURM's accounting (its sacct call failed: {SACCT_SAYS}); "
+        "job states are read from squeue instead (said once)"
+    ]
 
 
 def test_each_submitted_job_is_said_once_with_its_log_as_its_folder_appears(tmp_path, capsys):
