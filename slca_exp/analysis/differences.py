@@ -35,6 +35,22 @@ class Effect:
     estimate: Estimate
     unpaired: int = 0
     """Runs left out of a paired comparison for having no partner of the other level."""
+    sides: tuple[tuple[tuple[str, float], ...], tuple[tuple[str, float], ...]] = ((), ())
+    """Each level's (seed, observation) pairs the estimate was made from."""
+
+    def observations(self) -> tuple[list[float], list[float], bool]:
+        """``(a, b, paired)`` as the estimate used them: per shared seed when paired."""
+        a, b = self.sides
+        if not self.estimate.test.startswith("paired"):
+            return [x for _, x in a], [x for _, x in b], False
+        da, db = dict(a), dict(b)
+        shared = self.paired_seeds()
+        return [da[s] for s in shared], [db[s] for s in shared], True
+
+    def paired_seeds(self) -> list[str]:
+        """The seeds both levels ran, in order."""
+        a, b = self.sides
+        return sorted({s for s, _ in a} & {s for s, _ in b}, key=_sort_key)
 
     @property
     def cell_label(self) -> str:
@@ -90,8 +106,11 @@ def effects(
                 if not sides[0] and not sides[1]:
                     continue
                 estimate, unpaired = compare_sides(sides[0], sides[1])
+                observed = (tuple(sides[0]), tuple(sides[1]))
                 found.append(
-                    Effect(factor, (values[0], values[1]), cell, metric, estimate, unpaired)
+                    Effect(
+                        factor, (values[0], values[1]), cell, metric, estimate, unpaired, observed
+                    )
                 )
     return found
 
@@ -141,6 +160,7 @@ def interactions(
                     if not at_low:
                         continue
                     diff = f"({values[1]} - {values[0]})"
+                    seeds = [str(i) for i in range(len(at_low))]
                     found.append(
                         Effect(
                             factor,
@@ -148,6 +168,10 @@ def interactions(
                             cell,
                             metric,
                             paired(at_low, at_high),
+                            sides=(
+                                tuple(zip(seeds, at_low, strict=True)),
+                                tuple(zip(seeds, at_high, strict=True)),
+                            ),
                         )
                     )
     return found
@@ -214,8 +238,16 @@ def dose_response(
     return out
 
 
-def effects_rows(found: Sequence[Effect]) -> tuple[list[str], list[list[str]]]:
-    """The differences as a table: header and rows of text cells."""
+def effects_rows(
+    found: Sequence[Effect], margin: float | None = None
+) -> tuple[list[str], list[list[str]]]:
+    """The differences as a table: header and rows of text cells.
+
+    With an equivalence ``margin`` the verdict also weighs the TOST within ``±margin``
+    (:func:`slca_exp.analysis.intervals.verdict`).
+    """
+    from slca_exp.analysis.intervals import verdict as weighed
+
     header = ["factor", "difference", "cell", "metric", "n", "test", "mean diff", "95% CI", "p"]
     header.append("verdict")
     rows = []
@@ -225,9 +257,7 @@ def effects_rows(found: Sequence[Effect]) -> tuple[list[str], list[list[str]]]:
         n = f"{est.n}" if est.test.startswith("paired") else f"{est.n_a}+{est.n_b}"
         if e.unpaired:
             n += f" ({e.unpaired} unpaired)"
-        verdict = est.verdict
-        if est.needed is not None:
-            verdict += f" (~{est.needed} seeds to separate)"
+        verdict = weighed(e, margin)
         rows.append(
             [
                 e.factor,

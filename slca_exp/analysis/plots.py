@@ -110,3 +110,66 @@ def plot_dose_response(
 def safe_name(text: str) -> str:
     """``text`` as one file name: every character but letters, digits and ``-_.`` is ``_``."""
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in text)
+
+
+def profile(values: Sequence[float], taus: Sequence[float]) -> list[float]:
+    """The performance profile: the fraction of ``values`` above each threshold ``tau``.
+
+    >>> profile([0.2, 0.4, 0.6, 0.8], [0.0, 0.5, 0.8])
+    [1.0, 0.5, 0.0]
+    """
+    return [sum(v > tau for v in values) / len(values) for tau in taus]
+
+
+def write_profiles(
+    selection: Selection, metrics: Sequence[str], observe: Observations, out: Path
+) -> list[Path]:
+    """``profiles.png``: per metric, each group's performance profile over its runs.
+
+    A group's curve is the fraction of its runs whose observation exceeds ``tau``, for ``tau``
+    over the range the metric takes; its band the 95% percentile bootstrap interval of that
+    fraction, the group's runs resampled (:data:`~slca_exp.analysis.intervals.RESAMPLES` times,
+    seed :data:`~slca_exp.analysis.intervals.SEED`). As rliable draws them (Agarwal et al. 2021),
+    with one task per panel.
+    """
+    import numpy as np
+
+    from slca_exp.analysis.intervals import RESAMPLES, SEED
+    from slca_exp.tracking.plots import _pyplot, _save
+
+    groups = group_labels(selection)
+    panels = []
+    for metric in metrics:
+        lines = {
+            label: [x for r in runs if (x := observe(r, metric)) is not None]
+            for label, runs in groups.items()
+        }
+        lines = {label: xs for label, xs in lines.items() if xs}
+        if lines:
+            panels.append((metric, lines))
+    if not panels:
+        return []
+    rng = np.random.default_rng(SEED)
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 3.8), squeeze=False)
+    for ax, (metric, lines) in zip(axes[0], panels, strict=True):
+        seen = [x for xs in lines.values() for x in xs]
+        low, high = min(seen), max(seen)
+        pad = (high - low) * 0.05 or 0.05
+        taus = np.linspace(low - pad, high + pad, 101)
+        for label, xs in lines.items():
+            data = np.asarray(xs, dtype=float)
+            (line,) = ax.plot(taus, profile(xs, taus), label=label)
+            resampled = data[rng.integers(0, len(data), size=(RESAMPLES // 10, len(data)))]
+            fractions = (resampled[:, :, None] > taus[None, None, :]).mean(axis=1)
+            band = np.percentile(fractions, [2.5, 97.5], axis=0)
+            ax.fill_between(taus, band[0], band[1], color=line.get_color(), alpha=0.15, lw=0)
+        ax.set_title(metric, fontsize=9)
+        ax.set_xlabel("tau")
+        ax.set_ylabel("fraction of runs > tau")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle(f"{selection.label}: performance profiles, 95% bootstrap bands", fontsize=9)
+    fig.tight_layout()
+    path = _save(fig, out / "profiles.png")
+    return [path] if path is not None else []

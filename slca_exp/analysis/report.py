@@ -31,6 +31,7 @@ from typing import Any
 
 from slca_exp.analysis.differences import Effect, effects_rows, levels
 from slca_exp.analysis.estimates import CONFIDENCE, mean_interval
+from slca_exp.analysis.intervals import interval_rows
 from slca_exp.analysis.runs import Observations, Selection, seed_of, swept_value
 from slca_exp.core import names, tags
 from slca_exp.recipe import COMPONENTS
@@ -47,6 +48,9 @@ def write_report(
     plots: Sequence[Path],
     out: Path,
     argv: Sequence[str],
+    *,
+    margin: float | None = None,
+    split: Sequence[Any] | None = None,
 ) -> Path:
     """Write the report to ``out`` (and its plots beside it); returns ``out``.
 
@@ -61,6 +65,8 @@ def write_report(
         plots: the plots compare wrote; copied beside the report.
         out: the report's path.
         argv: compare's command line, quoted in the report.
+        margin: the equivalence margin (``--margin``, or the study's): a TOST per cell.
+        split: the variance splits (``--variance``), if computed.
 
     """
     from slca_exp.tracking.sweep_runs import markdown_table
@@ -72,7 +78,7 @@ def write_report(
     files = out.parent / f"{out.stem}_files"
     files.mkdir(exist_ok=True)
     runs = selection.runs
-    parent = _parent(observe.client, runs)
+    parent = sweep_parent(observe.client, runs)
     study = parent.data.tags.get(tags.STUDY) if parent is not None else None
     title = f"Study `{study}`" if study else selection.label
     lines = [f"# {title}", ""]
@@ -106,9 +112,43 @@ def write_report(
             f"difference, its {CONFIDENCE:.0%} interval and p-value (paired t over the seeds both "
             "levels share, else Welch's t).",
             "",
-            markdown_table(*effects_rows(found)),
+            markdown_table(*effects_rows(found, margin)),
         ]
+        if margin is not None:
+            lines += [
+                f"Equivalence margin ±{margin:g}"
+                + (" (the study's, stated before the runs)" if "margin" in notes else "")
+                + ": two one-sided t tests per cell (TOST, 5% each); `equivalent within "
+                f"±{margin:g}` when the 90% interval of the difference lies inside the margin.",
+                "",
+            ]
         lines += _reading(found)
+        lines += [
+            "",
+            "## Interval estimates",
+            "",
+            "Per cell, each level's interquartile mean (IQM) and mean, their differences and the "
+            "probability of improvement P(b > a) (each run of b against each run of a, ties "
+            f"half), with {CONFIDENCE:.0%} percentile bootstrap intervals over runs (each level "
+            "resampled on its own, the two runs of a seed together; scipy's bootstrap, "
+            "10,000 resamples from a fixed seed):",
+            "",
+            markdown_table(*interval_rows(found, margin)),
+        ]
+    if split:
+        from slca_exp.analysis.variance import split_rows
+
+        lines += [
+            "",
+            "## Evaluation noise and training noise",
+            "",
+            "Each validation reward difference's variance over seeds, taken apart: the part the "
+            "choice of validation prompts gives (from each seed's per-prompt differences), and "
+            "the rest, which only more seeds reduce; then the seeds each validation size would "
+            "need (80% power):",
+            "",
+            markdown_table(*split_rows(split, margin)),
+        ]
     if changes:
         lines += [
             "",
@@ -117,7 +157,7 @@ def write_report(
             "Per seed, the difference at the factor's highest level minus the one at its lowest "
             "(paired t over the seeds that ran all four jobs):",
             "",
-            markdown_table(*effects_rows(changes)),
+            markdown_table(*effects_rows(changes, margin)),
         ]
         lines += _reading(changes)
     cos = _grad_cos(observe, groups)
@@ -203,7 +243,8 @@ def _provenance(selection: Selection, parent: Any, argv: Sequence[str]) -> list[
     ]
 
 
-def _parent(client: Any, runs: Sequence[Any]) -> Any | None:  # noqa: ANN401
+def sweep_parent(client: Any, runs: Sequence[Any]) -> Any | None:  # noqa: ANN401
+    """The parent run all of ``runs`` share, or ``None`` (none, several, or deleted)."""
     ids = {r.data.tags.get(tags.PARENT_RUN) for r in runs} - {None}
     if len(ids) != 1:
         return None

@@ -28,15 +28,18 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import math
 import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from slca_exp.analysis.comparability import differences
 from slca_exp.analysis.differences import effects, effects_rows, interactions
 from slca_exp.analysis.estimates import MEAN_OVER_STEPS
-from slca_exp.analysis.plots import safe_name, write_dose_plots, write_plots
+from slca_exp.analysis.intervals import interval_rows
+from slca_exp.analysis.plots import safe_name, write_dose_plots, write_plots, write_profiles
 from slca_exp.analysis.report import write_report
 from slca_exp.analysis.runs import (
     CompareError,
@@ -57,6 +60,10 @@ from slca_exp.tracking.readback import ReadbackError, check_store
 from slca_exp.tracking.sweep_runs import HEADLINE_METRICS
 
 EFFECTS_NOTE = "paired t over shared seeds, else Welch; 95% intervals"
+INTERVALS_NOTE = (
+    "95% percentile bootstrap over runs, each level resampled on its own, pairs of one seed "
+    "together; diff: paired over seeds, else of the two levels' statistics"
+)
 DEFAULT_UI_URL = "http://127.0.0.1:5000"
 
 
@@ -115,22 +122,29 @@ def main(argv: Sequence[str]) -> int:
     swept = ", ".join(selection.swept) or "-"
     print(f"{selection.label}: {plural(len(selection.runs), 'run')}; swept: {swept}")
     print(format_table(header, rows))
+    margin = args.margin if args.margin is not None else study_margin(client, selection)
     found = effects(selection.runs, selection.swept, metrics, observe, swept_value, seed_of)
     if found:
-        print(f"\ndifferences between two levels, per cell ({EFFECTS_NOTE}):")
-        print(format_table(*effects_rows(found)))
+        note = EFFECTS_NOTE + (f"; TOST within ±{margin:g}" if margin is not None else "")
+        print(f"\ndifferences between two levels, per cell ({note}):")
+        print(format_table(*effects_rows(found, margin)))
+        print(f"\ninterval estimates per cell ({INTERVALS_NOTE}):")
+        print(format_table(*interval_rows(found, margin)))
     changes = interactions(selection.runs, selection.swept, metrics, observe, swept_value, seed_of)
     if changes:
         print("\nhow a difference changes along a numeric factor (paired t over seeds):")
-        print(format_table(*effects_rows(changes)))
+        print(format_table(*effects_rows(changes, margin)))
+    split = variance_split(client, selection, found, margin) if args.variance else None
     out = Path(args.out or Path("outputs") / "compare" / safe_name(args.target))
     out.mkdir(parents=True, exist_ok=True)
     (out / "table.md").write_text(sweep_runs.markdown_table(header, rows))
     if found or changes:
-        rows_md = effects_rows([*found, *changes])
+        rows_md = effects_rows([*found, *changes], margin)
         (out / "differences.md").write_text(sweep_runs.markdown_table(*rows_md))
+        (out / "intervals.md").write_text(sweep_runs.markdown_table(*interval_rows(found, margin)))
     plots = write_plots(client, selection, out, smooth=args.smooth)
     plots += write_dose_plots(selection, metrics, observe, out)
+    plots += write_profiles(selection, metrics, observe, out)
     for path in plots:
         print(f"plot: {path}")
     print(f"table: {out / 'table.md'}")
@@ -146,6 +160,8 @@ def main(argv: Sequence[str]) -> int:
             plots,
             Path(args.report),
             argv,
+            margin=margin,
+            split=split,
         )
         print(f"report: {report}")
     ui = args.ui_url or (uri if uri.startswith(("http://", "https://")) else DEFAULT_UI_URL)
@@ -201,6 +217,19 @@ def _parser() -> argparse.ArgumentParser:
         "intervals, the plots (copied beside it) and the grad-cosine summary",
     )
     parser.add_argument(
+        "--margin",
+        type=_positive,
+        metavar="M",
+        help="equivalence margin: adds a TOST per cell (is |b - a| < M?) and its verdict "
+        "'equivalent within ±M'; default: the study's margin, if it states one",
+    )
+    parser.add_argument(
+        "--variance",
+        action="store_true",
+        help="split each validation reward difference's spread over seeds into evaluation "
+        "noise and training noise, and say how many validation rows and seeds reach a verdict",
+    )
+    parser.add_argument(
         "--smooth",
         type=float,
         default=0.0,
@@ -211,6 +240,13 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _positive(text: str) -> float:
+    value = float(text)
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"{text} is not a positive number (the margin M > 0)")
+    return value
+
+
 def _eval_metrics(selection: Selection) -> list[str]:
     """The benchmark scores (``slca-exp eval``) any of the runs holds, by name."""
     return sorted({k for r in selection.runs for k in r.data.metrics if is_eval_metric(k)})
@@ -218,3 +254,47 @@ def _eval_metrics(selection: Selection) -> list[str]:
 
 def _any_has(selection: Selection, metric: str) -> bool:
     return any(mlflow_key(metric) in r.data.metrics for r in selection.runs)
+
+
+def study_margin(client: Any, selection: Selection) -> float | None:  # noqa: ANN401
+    """The equivalence margin the sweep's study file states (``margin:``), if any."""
+    from slca_exp.analysis.report import sweep_parent
+    from slca_exp.core import tags
+    from slca_exp.launch.command import study_notes
+
+    parent = sweep_parent(client, selection.runs)
+    study = parent.data.tags.get(tags.STUDY) if parent is not None else None
+    text = study_notes(study).get("margin") if study else None
+    if text is None:
+        return None
+    try:
+        return _positive(text)
+    except (ValueError, argparse.ArgumentTypeError) as err:
+        raise CompareError(f"study {study}: margin: {err}") from err
+
+
+def variance_split(
+    client: Any, selection: Selection, found: Sequence[Any], margin: float | None
+) -> Any:  # noqa: ANN401
+    """``--variance``: print each paired validation difference's split; returns the splits."""
+    from slca_exp.analysis.variance import split_rows, splits
+
+    def runs_of(effect: Any, seed: str) -> tuple[Any, Any]:  # noqa: ANN401
+        def run(level: str) -> Any:  # noqa: ANN401
+            return next(
+                r
+                for r in selection.runs
+                if seed_of(r) == seed
+                and swept_value(r, effect.factor) == level
+                and all(swept_value(r, k) == v for k, v in effect.cell)
+            )
+
+        return run(effect.levels[0]), run(effect.levels[1])
+
+    got, missing = splits(client, found, runs_of)
+    if got:
+        print("\nthe spread of each difference over seeds: evaluation noise and training noise")
+        print(format_table(*split_rows(got, margin)))
+    for line in missing:
+        print(f"slca-exp compare: no variance split: {line}", file=sys.stderr)
+    return got

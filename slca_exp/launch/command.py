@@ -33,8 +33,9 @@ from slca_exp.preflight.sections import is_remote
 from slca_exp.services.served import SERVED_GROUPS, SERVED_OPTION
 
 STUDY_GROUP = "sweep"
-STUDY_NOTES = ("question", "design", "expected")
-"""Text a study file may carry beside ``overrides``; ``compare --report`` prints it."""
+STUDY_NOTES = ("question", "design", "expected", "margin")
+"""Text a study file may carry beside ``overrides``: ``compare --report`` prints it, and
+``margin`` is the equivalence margin ``compare`` tests the differences against."""
 STUDY_ENV = "SLCA_EXP_STUDY"
 """The study's name while its sweep launches; the sweep's parent run records it (tag STUDY)."""
 SERVICE_GROUP = "service"
