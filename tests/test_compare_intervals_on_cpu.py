@@ -272,3 +272,16 @@ def test_compare_prints_the_intervals_the_tost_verdict_and_the_variance_split(
     assert "## Interval estimates" in report and "## Evaluation noise and training noise" in report
     assert "Equivalence margin ±0.05" in report
     assert (tmp_path / "c" / "profiles.png").is_file()
+
+
+def test_a_split_refuses_runs_that_logged_only_some_of_their_validation_rollouts():
+    from slca_exp.analysis.variance import _holds_all
+
+    scores = [0.2, 0.4, 0.9, 0.5]
+    records = [
+        replace(r, rewards=replace(r.rewards, tool=x))
+        for r, x in zip((record(split="val", group=f"val-{k}") for k in range(4)), scores,
+                        strict=True)
+    ]  # fmt: skip
+    assert _holds_all(records, "tool", sum(scores) / 4)
+    assert not _holds_all(records[:2], "tool", sum(scores) / 4)  # the first 2 of 4 logged

@@ -16,7 +16,9 @@ With ``R'`` validation rows instead of ``R``, the spread of a seed's difference 
 seeds that separate the measured difference and, with a margin,
 :func:`~slca_exp.analysis.intervals.seeds_to_show_equivalence` those that show it inside the
 margin (80% power each). The per-prompt scores are the final validation's rollout records the
-runs log (``tracking.rollouts``, the ``val`` split).
+runs log (``tracking.rollouts``, the ``val`` split); a split needs every validation rollout
+logged (``tracking.rollouts.val`` at least ``engine.val_rows``), which is checked: their mean
+must be the run's metric.
 """
 
 from __future__ import annotations
@@ -130,13 +132,24 @@ def splits(
         field = FIELDS.get(effect.metric)
         if field is None or not effect.estimate.test.startswith("paired"):
             continue
-        per_seed = []
-        for seed in effect.paired_seeds():
-            run_a, run_b = runs_of(effect, seed)
-            pairs = pair_rollouts(records(run_a), records(run_b)).pairs
+        per_seed, partial = [], []
+        a, b, _ = effect.observations()
+        for seed, seen in zip(effect.paired_seeds(), zip(a, b, strict=True), strict=True):
+            runs = runs_of(effect, seed)
+            for run, observed in zip(runs, seen, strict=True):
+                if not _holds_all(records(run), field, observed):
+                    partial.append(run.info.run_id)
+            pairs = pair_rollouts(records(runs[0]), records(runs[1])).pairs
             per_seed.append([d for p in pairs if (d := p.delta(field)) is not None])
-        got = split_of(effect, per_seed)
-        if got is None:
+        got = None if partial else split_of(effect, per_seed)
+        if partial:
+            missing.append(
+                f"{effect.label} at {effect.cell_label}, {effect.metric}: the logged validation "
+                f"rollouts of run {partial[0]} are not all of its validation prompts (their mean "
+                "is not the run's metric); log every one with tracking.rollouts.val >= "
+                "engine.val_rows"
+            )
+        elif got is None:
             missing.append(
                 f"{effect.label} at {effect.cell_label}, {effect.metric}: no per-prompt "
                 "validation scores for every seed (the runs log them with tracking.rollouts)"
@@ -144,6 +157,17 @@ def splits(
         else:
             out.append(got)
     return out, missing
+
+
+def _holds_all(records: Sequence[Any], field: str, observed: float) -> bool:
+    """Whether ``records`` are all the validation rollouts behind the run's ``observed`` mean.
+
+    The engines log the first ``tracking.rollouts.val`` of a validation's rollouts; the
+    variance split needs every one (their mean is then the run's metric, up to rounding).
+    """
+    values = [getattr(r.rewards, field) for r in records]
+    finite = [v for v in values if v is not None and math.isfinite(v)]
+    return bool(finite) and math.isclose(math.fsum(finite) / len(finite), observed, abs_tol=1e-9)
 
 
 def split_rows(found: Sequence[Split], margin: float | None) -> tuple[list[str], list[list[str]]]:
