@@ -152,7 +152,11 @@ def test_a_studys_parent_records_it_and_the_report_states_the_expected_outcome(t
     text = report.read_text()
     assert text.startswith("# Study `isolation`")
     assert study_notes("isolation")["expected"] in text
-    assert "every job: `experiment=isolation judge.noise.kind=flip seed=0`" in text
+    (line,) = [x for x in text.splitlines() if x.startswith("- every job: `")]
+    shared = ["experiment=isolation", "judge.noise.kind=flip", "seed=0", "engine.val_rows=64"]
+    given = line.removeprefix("- every job: `").rstrip("`").split()
+    assert sorted(given) == sorted([*shared, "tracking.rollouts.val=64"])
+    assert "Equivalence margin ±0.05 (the study's, stated before the runs)" in text
 
 
 def test_how_a_difference_changes_along_a_numeric_factor_is_a_paired_t_over_seeds():
