@@ -102,7 +102,8 @@ def _resume(sweep_id: str, uri: str | None, rest: list[str]) -> int:
                     f"it runs the sweep's own command line; {' '.join(rest)} would change it",
                     "drop them, or run the changed command line as a new sweep",
                 )
-            ]
+            ],
+            "the resume command",
         )
     command = recorded_command(uri or default_tracking_uri(), sweep_id)
     print(f"slca-exp: resuming sweep {sweep_id}: slca-exp train {' '.join(command)}")

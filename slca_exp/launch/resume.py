@@ -146,10 +146,19 @@ def plan_sweep(
     plan.store = store_uri(configs[0].tracking)
     if fresh:
         return plan
-    client = _client(plan.store)
-    if client is None:  # a local store not created yet: nothing to resume
+    try:
+        client = _client(plan.store)
+        if client is None:  # a local store not created yet: nothing to resume
+            return plan
+        parent = _parent(client, configs[0].experiment_name, key, resume)
+    except Exception as err:  # noqa: BLE001 - the store is away: the jobs spool, as they would
+        if resume is not None:
+            raise
+        print(
+            f"slca-exp: cannot read {plan.store} to resume an earlier run of this sweep "
+            f"({type(err).__name__}); every job runs, each from its own checkpoint if it has one"
+        )
         return plan
-    parent = _parent(client, configs[0].experiment_name, key, resume)
     if parent is None:
         return plan
     plan.sweep_id = parent.data.tags.get(SWEEP)
@@ -201,7 +210,8 @@ def recorded_command(uri: str, sweep_id: str) -> list[str]:
                     "give a sweep id as `slca-exp compare` lists them, and --tracking-uri for "
                     "another store",
                 )
-            ]
+            ],
+            "the resume command",
         )
     text = parent.data.tags.get(SWEEP_COMMAND)
     if not text or REDACTED in text:
@@ -213,7 +223,8 @@ def recorded_command(uri: str, sweep_id: str) -> list[str]:
                     + (" (it held a secret)" if text else ""),
                     "run the sweep's own `slca-exp train -m ...` command again: it resumes too",
                 )
-            ]
+            ],
+            "the resume command",
         )
     return json.loads(text)
 
