@@ -26,6 +26,7 @@ import logging
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
@@ -37,6 +38,13 @@ SACCT_WARNING = "Bypassing sacct error"
 """What submitit's warning says when ``sacct`` fails (``submitit/core/core.py``)."""
 GONE = "GONE"
 """The state of a job squeue no longer lists (it ended; submitit found no result from it)."""
+ENDED_STATES = frozenset(
+    {"COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL",
+     "DEADLINE", "REVOKED", "SPECIAL_EXIT"}
+)  # fmt: skip
+"""squeue states of a job that has ended."""
+ENDED_GRACE_S = 60.0
+"""How long an ended state squeue shows is held back: time for the job to write its result."""
 MAX_ARRAY_INDEX = 1000
 """The highest array index SLURM gives by default (``MaxArraySize`` 1001)."""
 POLL_S = 0.5
@@ -54,6 +62,7 @@ class _SacctCaptured:
     def __init__(self, module: ModuleType) -> None:
         self.module = module
         self.said = False
+        self.ended: dict[str, float] = {}  # job id -> when squeue first showed it ended
         self.reason = ""
         """What the last failed ``sacct`` call wrote to stderr (or why it could not run)."""
 
@@ -88,6 +97,22 @@ class _SacctCaptured:
             )
         return states
 
+    def _settled(self, row: str) -> str:
+        """``row`` (``id|state|nodes``), an ended state held back for :data:`ENDED_GRACE_S`.
+
+        A job cancelled while it runs shows CANCELLED at once, while its process is still
+        closing its run and writing the result submitit reads; until the grace is over it is
+        reported as COMPLETING, which submitit keeps waiting on.
+        """
+        job, state, *rest = row.split("|")
+        word = state.split()[0] if state.strip() else ""
+        if word not in ENDED_STATES:
+            return row
+        first = self.ended.setdefault(job, time.monotonic())
+        if time.monotonic() - first >= ENDED_GRACE_S:
+            return row
+        return "|".join([job, "COMPLETING", *rest])
+
     def _from_squeue(self, command: Sequence[str] | str) -> bytes | None:
         """What ``sacct`` would have answered for the jobs ``command`` asks about, from squeue.
 
@@ -112,7 +137,11 @@ class _SacctCaptured:
             return None
         if found.returncode != 0:
             return None
-        rows = [x for x in found.stdout.splitlines() if x.split("|")[0].split("_")[0] in arrays]
+        rows = [
+            self._settled(x)
+            for x in found.stdout.splitlines()
+            if x.split("|")[0].split("_")[0] in arrays
+        ]
         # Every job asked about, and every element of its array, is gone unless listed (later
         # lines win in submitit's reading): SLURM's largest array has MAX_ARRAY_INDEX + 1.
         gone = [f"{a}|{GONE}|" for a in sorted(arrays)]

@@ -299,6 +299,8 @@ def test_without_accounting_job_states_come_from_squeue_a_cancelled_waiting_one_
     import submitit.core.core as core
     from submitit.slurm.slurm import SlurmInfoWatcher
 
+    from slca_exp.launch import submission
+
     tools = tmp_path / "bin"
     tools.mkdir()
     (tools / "sacct").write_text(f"#!/bin/sh\necho '{SACCT_SAYS}' >&2\nexit 1\n")
@@ -316,6 +318,10 @@ def test_without_accounting_job_states_come_from_squeue_a_cancelled_waiting_one_
     for element in jobs:
         watcher.register_job(element)
     watcher.update()
+    # an ended job is held back a while (time to write its result): reported COMPLETING
+    assert watcher.get_state("12_0", mode="cache") == "COMPLETING"
+    assert not watcher.is_done("12_0", mode="cache")
+    monkeypatch.setattr(submission, "ENDED_GRACE_S", 0.0)
     watcher.update()
     states = {e: watcher.get_state(e, mode="cache") for e in (*jobs, "99")}
     assert states == {
