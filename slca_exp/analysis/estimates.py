@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from slca_exp.core import names
@@ -154,15 +154,23 @@ def seeds_needed(difference: float, sd: float, *, paired: bool, power: float = P
         return None
     effect = abs(difference) / sd
 
-    def reaches(n: int) -> bool:
-        return _power(effect, n, paired=paired) >= power
+    return smallest_n(lambda n: _power(effect, n, paired=paired) >= power)
 
+
+def smallest_n(reaches: Callable[[int], bool]) -> int | None:
+    """The smallest n >= 2 with ``reaches(n)``; ``None`` beyond :data:`MAX_SEEDS`.
+
+    ``reaches`` rises in n (a test's power reaching its goal): doubles until it does, bisects.
+
+    >>> smallest_n(lambda n: n * n >= 50)
+    8
+    """
     low, high = 2, 2
     while not reaches(high):
         if high >= MAX_SEEDS:
             return None
         low, high = high, min(2 * high, MAX_SEEDS)
-    while low < high:  # the smallest n that reaches the power
+    while low < high:
         mid = (low + high) // 2
         if reaches(mid):
             high = mid

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from slca_exp.analysis.estimates import CONFIDENCE, MAX_SEEDS, POWER
+from slca_exp.analysis.estimates import CONFIDENCE, POWER, smallest_n
 
 if TYPE_CHECKING:
     from slca_exp.analysis.differences import Effect
@@ -248,18 +248,7 @@ def seeds_to_show_equivalence(
         lower = stats.nct.cdf(-t, df, (difference - margin) / se)
         return float(upper + lower - 1) >= power
 
-    low, high = 2, 2
-    while not reaches(high):
-        if high >= MAX_SEEDS:
-            return None
-        low, high = high, min(2 * high, MAX_SEEDS)
-    while low < high:
-        mid = (low + high) // 2
-        if reaches(mid):
-            high = mid
-        else:
-            low = mid + 1
-    return high
+    return smallest_n(reaches)
 
 
 def effect_tost(effect: Effect, margin: float) -> Tost:
