@@ -15,7 +15,7 @@ from mlflow.tracking import MlflowClient
 from statsmodels.stats.weightstats import ttost_ind, ttost_paired
 
 from slca_exp.analysis import intervals
-from slca_exp.analysis.differences import Effect, compare_sides
+from slca_exp.analysis.differences import Effect, compare_sides, verdict
 from slca_exp.analysis.estimates import paired
 from slca_exp.analysis.plots import profile
 from slca_exp.analysis.variance import split_of
@@ -144,16 +144,16 @@ def _effect(a, b, seeds=None):
 
 def test_the_verdicts():
     a = [0.40, 0.45, 0.38, 0.50, 0.42]
-    assert intervals.verdict(_effect(a, [x + 0.10 for x in a]), 0.05) == "differs"
+    assert verdict(_effect(a, [x + 0.10 for x in a]), 0.05) == "differs"
     close = [x + d for x, d in zip(a, [0.004, -0.003, 0.001, 0.002, -0.002], strict=True)]
-    assert intervals.verdict(_effect(a, close), 0.05) == "equivalent within ±0.05"
+    assert verdict(_effect(a, close), 0.05) == "equivalent within ±0.05"
     noisy = [x + d for x, d in zip(a, [0.06, -0.05, 0.04, -0.03, 0.01], strict=True)]
-    said = intervals.verdict(_effect(a, noisy), 0.02)
+    said = verdict(_effect(a, noisy), 0.02)
     assert said.startswith("not separated at n=5 (~") and "to show equivalence" in said, said
-    assert intervals.verdict(_effect([0.4], [0.5]), 0.05) == "too few runs"
+    assert verdict(_effect([0.4], [0.5]), 0.05) == "too few runs"
     # far outside the margin and not separated: equivalence cannot be shown as measured
     wide = [x + d for x, d in zip(a, [0.2, -0.1, 0.3, -0.05, 0.1], strict=True)]
-    assert "equivalence within ±0.01 not reachable as measured" in intervals.verdict(
+    assert "equivalence within ±0.01 not reachable as measured" in verdict(
         _effect(a, wide), 0.01
     )
 
@@ -258,7 +258,7 @@ def test_compare_prints_the_intervals_the_tost_verdict_and_the_variance_split(
         assert f"| {value.text()} |" in table, (value, table)
     weighed = intervals.tost(a, b, 0.05, paired=True)
     assert f"| {weighed.p:.3g} |" in table
-    expected = intervals.verdict(_effect(a, b), 0.05)
+    expected = verdict(_effect(a, b), 0.05)
     assert paired(a, b).n == 4
     assert f"| {expected} |" in (tmp_path / "c" / "differences.md").read_text()
     # the variance split: each seed's per-prompt differences, from the logged rollouts

@@ -25,14 +25,10 @@ import math
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from slca_exp.analysis.estimates import CONFIDENCE, POWER, smallest_n
-
-if TYPE_CHECKING:
-    from slca_exp.analysis.differences import Effect
 
 RESAMPLES = 10_000
 """Bootstrap resamples per interval."""
@@ -249,61 +245,3 @@ def seeds_to_show_equivalence(
         return float(upper + lower - 1) >= power
 
     return smallest_n(reaches)
-
-
-def effect_tost(effect: Effect, margin: float) -> Tost:
-    """The TOST of one cell's difference within ``±margin``."""
-    a, b, paired = effect.observations()
-    return tost(a, b, margin, paired=paired)
-
-
-def verdict(effect: Effect, margin: float | None = None) -> str:
-    """``differs``, ``equivalent within ±M``, ``not separated at n=N (...)`` or ``too few runs``.
-
-    ``differs`` when the 95% interval leaves out 0 (said ``, and within ±M`` too where the TOST
-    shows that); ``equivalent within ±M`` when only the TOST rejects; otherwise how many seeds the
-    measured spread would need to separate the measured difference and, with a margin, to show
-    it inside the margin (80% power each).
-    """
-    est = effect.estimate
-    found = est.verdict
-    if margin is None or found in ("identical", "too few runs"):
-        return found + (f" (~{est.needed} seeds to separate)" if est.needed is not None else "")
-    weighed = effect_tost(effect, margin)
-    if est.separated:
-        return found + (f", and within ±{margin:g}" if weighed.equivalent else "")
-    if weighed.equivalent:
-        return f"equivalent within ±{margin:g}"
-    needs = [f"~{est.needed} seeds to separate" if est.needed else "not separable as measured"]
-    needs.append(
-        f"~{weighed.needed} to show equivalence"
-        if weighed.needed
-        else f"equivalence within ±{margin:g} not reachable as measured"
-    )
-    return f"{found} ({', '.join(needs)})"
-
-
-def interval_rows(
-    found: Sequence[Effect], margin: float | None = None
-) -> tuple[list[str], list[list[str]]]:
-    """Each cell's IQM and mean per level, their differences and P(b > a), with intervals."""
-    header = ["factor", "difference", "cell", "metric", "n", "IQM a", "IQM b", "IQM diff"]
-    header += ["mean a", "mean b", "mean diff", "P(b > a)"]
-    if margin is not None:
-        header += [f"TOST ±{margin:g} p", "90% CI"]
-    rows = []
-    for e in found:
-        a, b, paired = e.observations()
-        if not a or not b:
-            continue
-        got = level_intervals(a, b, paired=paired)
-        n = f"{len(a)} pairs" if paired else f"{len(a)}+{len(b)}"
-        row = [e.factor, e.label, e.cell_label, e.metric, n]
-        row += [i.text() for i in (got.iqm_a, got.iqm_b, got.iqm_diff)]
-        row += [i.text() for i in (got.mean_a, got.mean_b, got.mean_diff, got.poi)]
-        if margin is not None:
-            t = tost(a, b, margin, paired=paired)
-            ci = "-" if math.isnan(t.low) else f"[{t.low:+.4g}, {t.high:+.4g}]"
-            row += ["-" if math.isnan(t.p) else f"{t.p:.3g}", ci]
-        rows.append(row)
-    return header, rows

@@ -29,9 +29,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from slca_exp.analysis.differences import Effect, effects_rows, levels
+from slca_exp.analysis.differences import Effect, effects_rows, interval_rows, levels
 from slca_exp.analysis.estimates import CONFIDENCE, mean_interval
-from slca_exp.analysis.intervals import interval_rows
 from slca_exp.analysis.runs import Observations, Selection, seed_of, swept_value
 from slca_exp.core import names, tags
 from slca_exp.recipe import COMPONENTS

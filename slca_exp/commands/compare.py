@@ -36,9 +36,8 @@ from pathlib import Path
 from typing import Any
 
 from slca_exp.analysis.comparability import differences
-from slca_exp.analysis.differences import effects, effects_rows, interactions
+from slca_exp.analysis.differences import effects, effects_rows, interactions, interval_rows
 from slca_exp.analysis.estimates import MEAN_OVER_STEPS
-from slca_exp.analysis.intervals import interval_rows
 from slca_exp.analysis.plots import safe_name, write_dose_plots, write_plots, write_profiles
 from slca_exp.analysis.report import write_report
 from slca_exp.analysis.runs import (

@@ -139,7 +139,7 @@ def plan_sweep(
     if not configs or "mlflow" not in configs[0].tracking.backends:
         return None
     key = sweep_key(configs)
-    task = [[o for o in job if not o.lstrip("+~").startswith("hydra")] for job in jobs]
+    task = [as_hydra_lists([o for o in j if not o.lstrip("+~").startswith("hydra")]) for j in jobs]
     from slca_exp.tracking.mlflow import store_uri
 
     plan = SweepPlan(key, list(command), task, list(range(len(jobs))))
@@ -176,6 +176,19 @@ def plan_sweep(
     plan.run = [num for num in range(len(jobs)) if num not in plan.skipped]
     plan.running = {n: r.info.run_id for n, r in latest.items() if r.info.status == "RUNNING"}
     return plan
+
+
+def as_hydra_lists(overrides: Sequence[str]) -> list[str]:
+    """One job's overrides as Hydra's basic sweeper writes them (``x=false`` -> ``x=False``).
+
+    >>> as_hydra_lists(["engine.progress=false", "+a=1"])
+    ['engine.progress=False', '+a=1']
+    """
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parsed = OverridesParser.create().parse_overrides(list(overrides))
+    return list(BasicSweeper.split_arguments(parsed, None)[0][0]) if parsed else []
 
 
 def latest_runs(client: Any, parent: Any) -> dict[int, Any]:  # noqa: ANN401
