@@ -159,6 +159,11 @@ def plan_sweep(
             f"({type(err).__name__}); every job runs, each from its own checkpoint if it has one"
         )
         return plan
+    if parent is None and resume is not None:
+        raise ConfigError(
+            [Problem("--resume", f"no sweep {resume!r} in {plan.store}", "check the sweep id")],
+            "the resume command",
+        )
     if parent is None:
         return plan
     plan.sweep_id = parent.data.tags.get(SWEEP)
