@@ -121,7 +121,11 @@ def main(argv: Sequence[str]) -> int:
     swept = ", ".join(selection.swept) or "-"
     print(f"{selection.label}: {plural(len(selection.runs), 'run')}; swept: {swept}")
     print(format_table(header, rows))
-    margin = args.margin if args.margin is not None else study_margin(client, selection)
+    try:
+        margin = args.margin if args.margin is not None else study_margin(client, selection)
+    except CompareError as err:
+        print(f"slca-exp compare: {err}", file=sys.stderr)
+        return EXIT_BAD_CONFIG
     found = effects(selection.runs, selection.swept, metrics, observe, swept_value, seed_of)
     if found:
         note = EFFECTS_NOTE + (f"; TOST within ±{margin:g}" if margin is not None else "")
