@@ -162,6 +162,16 @@ def _train(rest: list[str], resume: str | None = None) -> int:
         if status := _describe_engines(checked.typed, write=True):
             return status
         print(describe(command.launcher, command.profile, checked.jobs))
+        if args.multirun:
+            from slca_exp.launch.resume import plan_sweep
+
+            plan = plan_sweep(checked.jobs, checked.typed, given, resume=resume, fresh=fresh)
+            if plan is not None and plan.parent_run_id:
+                print(
+                    f"slca-exp: this resumes sweep {plan.sweep_id} (attempt {plan.attempt}): "
+                    f"jobs to run {', '.join(map(str, plan.run)) or 'none'}; "
+                    f"{len(plan.skipped)} FINISHED before and kept"
+                )
         return 0
     plan = None
     if args.multirun:  # a sweep: what an earlier attempt of it finished is not run again

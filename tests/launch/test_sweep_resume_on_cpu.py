@@ -104,6 +104,10 @@ def test_a_killed_sweep_run_again_runs_only_its_unfinished_jobs_under_the_same_p
     killed = next(r for r in children if r.info.status == "KILLED").info.run_id
     finished = {r.data.tags[JOB]: r for r in children if r.info.status == "FINISHED"}
 
+    planned = _train(tmp_path, "--dry-run", *SWEEP_ARGS)  # says what running it again does
+    assert planned.returncode == 0, planned.stderr[-3000:]
+    said = f"this resumes sweep {parent.data.tags[SWEEP]} (attempt 2): jobs to run 2, 3; 2 FINISHED"
+    assert said in planned.stdout, planned.stdout[-3000:]
     again = _train(tmp_path, *SWEEP_ARGS)  # the same command line
     out = again.stdout + again.stderr
     assert again.returncode == 0, out[-3000:]
