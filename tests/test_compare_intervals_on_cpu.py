@@ -285,3 +285,25 @@ def test_a_split_refuses_runs_that_logged_only_some_of_their_validation_rollouts
     ]  # fmt: skip
     assert _holds_all(records, "tool", sum(scores) / 4)
     assert not _holds_all(records[:2], "tool", sum(scores) / 4)  # the first 2 of 4 logged
+
+
+def test_a_sweep_part_way_is_compared_on_its_finished_runs_and_says_which_it_left_out(
+    study, tmp_path, capsys
+):
+    uri, finals, _ = study
+    client = MlflowClient(uri)
+    (killed,) = [
+        r for e in client.search_experiments() for r in client.search_runs([e.experiment_id])
+        if r.data.tags.get("slca.swept.seed") == "3"
+        and r.data.tags.get("slca.swept.algorithm") == "slca_grpo"
+    ]  # fmt: skip
+    client.set_terminated(killed.info.run_id, "KILLED")
+    args = ["iso2", "--tracking-uri", uri, "--metric", "val/reward/tool/mean"]
+    assert compare_main([*args, "--out", str(tmp_path / "c")]) == 0
+    err = capsys.readouterr().err
+    assert f"leaving out 1 run(s) that did not finish: {killed.info.run_id} (KILLED)" in err
+    a = [finals["grpo", s] for s in range(3)]
+    b = [finals["slca_grpo", s] for s in range(3)]
+    expected = paired(a, b)  # the three seeds both algorithms finished
+    table = (tmp_path / "c" / "differences.md").read_text()
+    assert f"| 3 (1 unpaired) | paired t | {expected.mean:+.4g} |" in table, table

@@ -87,6 +87,16 @@ def main(argv: Sequence[str]) -> int:
     except (CompareError, ReadbackError) as err:
         print(f"slca-exp compare: {err}", file=sys.stderr)
         return EXIT_BAD_CONFIG
+    unfinished = [r for r in selection.runs if r.info.status != "FINISHED"]
+    if unfinished and len(unfinished) < len(selection.runs):
+        # a sweep part-way (interrupted, or still running): its unfinished runs have no final
+        # values yet, and a job's run is tagged with its swept values only when the job ends
+        ids = ", ".join(f"{r.info.run_id} ({r.info.status})" for r in unfinished)
+        print(
+            f"slca-exp compare: leaving out {len(unfinished)} run(s) that did not finish: {ids}",
+            file=sys.stderr,
+        )
+        selection.runs = [r for r in selection.runs if r.info.status == "FINISHED"]
     problems = differences(client, selection.runs, selection.swept)
     for problem in problems:
         level = "error" if args.strict else "warning"
