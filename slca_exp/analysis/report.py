@@ -49,6 +49,7 @@ def write_report(
     argv: Sequence[str],
     *,
     margin: float | None = None,
+    intervals: tuple[Sequence[str], Sequence[Sequence[str]]] | None = None,
     split: Sequence[Any] | None = None,
 ) -> Path:
     """Write the report to ``out`` (and its plots beside it); returns ``out``.
@@ -65,6 +66,8 @@ def write_report(
         out: the report's path.
         argv: compare's command line, quoted in the report.
         margin: the equivalence margin (``--margin``, or the study's): a TOST per cell.
+        intervals: the interval estimates of ``differences``' cells
+            (:func:`~slca_exp.analysis.differences.interval_rows`), when compare made them.
         split: the variance splits (``--variance``), if computed.
 
     """
@@ -132,7 +135,7 @@ def write_report(
             "resampled on its own, the two runs of a seed together; scipy's bootstrap, "
             "10,000 resamples from a fixed seed):",
             "",
-            markdown_table(*interval_rows(found, margin)),
+            markdown_table(*(intervals or interval_rows(found, margin))),
         ]
     if split:
         from slca_exp.analysis.variance import split_rows

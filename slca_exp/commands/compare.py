@@ -137,12 +137,14 @@ def main(argv: Sequence[str]) -> int:
         print(f"slca-exp compare: {err}", file=sys.stderr)
         return EXIT_BAD_CONFIG
     found = effects(selection.runs, selection.swept, metrics, observe, swept_value, seed_of)
+    intervals = None
     if found:
         note = EFFECTS_NOTE + (f"; TOST within ±{margin:g}" if margin is not None else "")
         print(f"\ndifferences between two levels, per cell ({note}):")
         print(format_table(*effects_rows(found, margin)))
         print(f"\ninterval estimates per cell ({INTERVALS_NOTE}):")
-        print(format_table(*interval_rows(found, margin)))
+        intervals = interval_rows(found, margin)  # bootstrapped once: printed, written, reported
+        print(format_table(*intervals))
     changes = interactions(selection.runs, selection.swept, metrics, observe, swept_value, seed_of)
     if changes:
         print("\nhow a difference changes along a numeric factor (paired t over seeds):")
@@ -154,7 +156,8 @@ def main(argv: Sequence[str]) -> int:
     if found or changes:
         rows_md = effects_rows([*found, *changes], margin)
         (out / "differences.md").write_text(sweep_runs.markdown_table(*rows_md))
-        (out / "intervals.md").write_text(sweep_runs.markdown_table(*interval_rows(found, margin)))
+        if intervals is not None:
+            (out / "intervals.md").write_text(sweep_runs.markdown_table(*intervals))
     plots = write_plots(client, selection, out, smooth=args.smooth)
     plots += write_dose_plots(selection, metrics, observe, out)
     plots += write_profiles(selection, metrics, observe, out)
@@ -174,6 +177,7 @@ def main(argv: Sequence[str]) -> int:
             Path(args.report),
             argv,
             margin=margin,
+            intervals=intervals,
             split=split,
         )
         print(f"report: {report}")

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from slca_exp.core.problems import EXIT_BAD_CONFIG
-from slca_exp.core.shown import shown_uri
+from slca_exp.core.shown import compact, shown_uri
 from slca_exp.rollouts.record import SPLITS, RolloutRecord
 from slca_exp.tracking import readback
 from slca_exp.tracking.rollout_text import Palette, render
@@ -46,8 +46,6 @@ from slca_exp.tracking.rollout_text import Palette, render
 PREFIX = "slca-exp rollouts: "
 EVERY_SETTING = "tracking.rollouts.every"
 """The setting that makes a run log rollouts (0: none)."""
-SHOWN_STEPS = 12
-"""At most this many logged steps are listed one by one; longer lists are shortened."""
 
 
 class RolloutsError(Exception):
@@ -224,7 +222,7 @@ def _summary(
 ) -> str:
     count = f"{len(selected)} rollout{'s' if len(selected) != 1 else ''}"
     which = f" ranked {rank}" if rank else ""
-    return f"{label}: {split} step {step}, {count}{which} (logged steps: {compact_steps(steps)})"
+    return f"{label}: {split} step {step}, {count}{which} (logged steps: {compact(steps, 'steps')})"
 
 
 def _run_label(run: Any) -> str:  # noqa: ANN401 - an mlflow Run
@@ -333,7 +331,7 @@ def choose_step(steps: Sequence[int], wanted: int | None, split: str, run_label:
     if wanted not in steps:
         raise RolloutsError(
             f"--step {wanted}: {run_label} logged no {split} rollouts at step {wanted}; its "
-            f"logged {split} steps: {compact_steps(steps)}. Pass one of them, or omit --step "
+            f"logged {split} steps: {compact(steps, 'steps')}. Pass one of them, or omit --step "
             "for the last."
         )
     return wanted
@@ -346,7 +344,7 @@ def no_rollouts_message(run_label: str, split: str, others: Sequence[int]) -> st
         flag = "drop --val" if split == "val" else "add --val"
         return (
             f"{run_label} logged no {split} rollouts (rollouts/{split}/ is empty); it logged "
-            f"{other} rollouts at steps {compact_steps(others)}: {flag}."
+            f"{other} rollouts at steps {compact(others, 'steps')}: {flag}."
         )
     return (
         f"{run_label} logged no rollouts (its rollouts/train/ and rollouts/val/ artifact folders "
@@ -354,31 +352,3 @@ def no_rollouts_message(run_label: str, split: str, others: Sequence[int]) -> st
         f"every validation; {EVERY_SETTING}=0 turns them off): was it 0, or did the run stop "
         "before its first logged step?"
     )
-
-
-def compact_steps(steps: Sequence[int]) -> str:
-    """The steps as a short list: a regular stretch of four or more as ``a, b, ..., z``.
-
-    >>> compact_steps([1, 10, 20, 30, 40, 50])
-    '1, 10, 20, ..., 50 (6 steps)'
-    >>> compact_steps([3, 7])
-    '3, 7'
-    """
-    parts: list[str] = []
-    i = 0
-    while i < len(steps):
-        j = i + 1
-        while j + 1 < len(steps) and steps[j + 1] - steps[j] == steps[i + 1] - steps[i]:
-            j += 1
-        if j - i >= 3:
-            parts.append(f"{steps[i]}, {steps[i + 1]}, ..., {steps[j]}")
-            i = j + 1
-        else:
-            parts.append(str(steps[i]))
-            i += 1
-    every_one = len(parts) == len(steps)
-    if len(parts) > SHOWN_STEPS:
-        half = SHOWN_STEPS // 2
-        parts, every_one = [*parts[:half], "...", *parts[-half:]], False
-    text = ", ".join(parts)
-    return text if every_one else f"{text} ({len(steps)} steps)"

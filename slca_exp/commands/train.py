@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
 from slca_exp.core.problems import ConfigError, Problem, refuse
+from slca_exp.core.shown import compact
 from slca_exp.launch.command import (
     OWN_FLAGS,
     CommandLine,
@@ -112,9 +113,8 @@ def _resume(sweep_id: str, uri: str | None, rest: list[str]) -> int:
 
 def _train(rest: list[str], resume: str | None = None) -> int:
     """``train`` on its arguments; ``resume``: the sweep id they continue (``--resume``)."""
-    given = list(rest)
     fresh = "--fresh" in rest
-    rest = [a for a in rest if a != "--fresh"]
+    rest = given = [a for a in rest if a != "--fresh"]  # given: the command line a sweep records
     dry_run, offline = "--dry-run" in rest, "--offline" in rest
     command = read_command_line([a for a in rest if a not in OWN_FLAGS])
     args, rest = command.args, command.rest
@@ -154,6 +154,11 @@ def _train(rest: list[str], resume: str | None = None) -> int:
     checked = check_jobs(command, probe=dry_run and not offline)
     if checked.problems or (problems := _after_train_problems(checked.typed)):
         return refuse(checked.problems or problems)
+    plan = None
+    if args.multirun:  # a sweep: what an earlier attempt of it finished is not run again
+        from slca_exp.launch.resume import plan_sweep
+
+        plan = plan_sweep(checked.jobs, checked.typed, given, resume=resume, fresh=fresh)
     if dry_run:
         from slca_exp.launch.dry_run import describe
 
@@ -162,34 +167,27 @@ def _train(rest: list[str], resume: str | None = None) -> int:
         if status := _describe_engines(checked.typed, write=True):
             return status
         print(describe(command.launcher, command.profile, checked.jobs))
-        if args.multirun:
-            from slca_exp.launch.resume import plan_sweep
-
-            plan = plan_sweep(checked.jobs, checked.typed, given, resume=resume, fresh=fresh)
-            if plan is not None and plan.parent_run_id:
-                print(
-                    f"slca-exp: this resumes sweep {plan.sweep_id} (attempt {plan.attempt}): "
-                    f"jobs to run {', '.join(map(str, plan.run)) or 'none'}; "
-                    f"{len(plan.skipped)} FINISHED before and kept"
-                )
+        if plan is not None and plan.parent_run_id:
+            print(
+                f"slca-exp: this resumes sweep {plan.sweep_id} (attempt {plan.attempt}): "
+                f"jobs to run {compact(plan.run, 'jobs') or 'none'}; "
+                f"{len(plan.skipped)} FINISHED before and kept"
+            )
         return 0
-    plan = None
-    if args.multirun:  # a sweep: what an earlier attempt of it finished is not run again
-        from slca_exp.launch.resume import plan_sweep
-
-        command_line = [a for a in given if a != "--fresh"]
-        plan = plan_sweep(checked.jobs, checked.typed, command_line, resume=resume, fresh=fresh)
-        for num, run_id in sorted((plan.running if plan is not None else {}).items()):
+    if plan is not None:
+        for num, run_id in sorted(plan.running.items()):
             print(
                 f"slca-exp: job {num}'s MLflow run {run_id} is still RUNNING in the store: if "
                 "that job is still running somewhere (squeue), stop it first; it runs again now",
                 file=sys.stderr,
             )
-        if plan is not None and not plan.run:
+        if not plan.run:
+            from slca_exp.tracking.closing import compare_command
+
             print(
                 f"slca-exp: sweep {plan.sweep_id}: all {len(plan.jobs)} jobs FINISHED before "
-                f"(parent run {plan.parent_run_id}); nothing to run. Compare them: slca-exp "
-                f"compare {plan.sweep_id} --tracking-uri {plan.store}. Add --fresh for a new "
+                f"(parent run {plan.parent_run_id}); nothing to run. Compare them: "
+                f"{compare_command(str(plan.sweep_id), plan.store)}. Add --fresh for a new "
                 "sweep of the same jobs."
             )
             return 0

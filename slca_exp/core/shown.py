@@ -16,9 +16,12 @@ shown as they are.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 SQLITE = "sqlite:///"
+SHOWN_NUMBERS = 12
+"""At most this many parts of a list of numbers are shown (:func:`compact`)."""
 
 
 def shown_path(path: str | os.PathLike[str], here: str | os.PathLike[str] | None = None) -> str:
@@ -67,3 +70,34 @@ def shown_uri(uri: str, here: str | os.PathLike[str] | None = None) -> str:
         return uri
     path = shown_path(uri[len(SQLITE) :], here)
     return SQLITE + path
+
+
+def compact(numbers: Sequence[int], unit: str) -> str:
+    """``numbers`` (steps, job numbers) as a short list, counted in ``unit`` when shortened.
+
+    A regular stretch of four or more is ``a, b, ..., z``; past :data:`SHOWN_NUMBERS` parts the
+    middle is left out.
+
+    >>> compact([1, 10, 20, 30, 40, 50], "steps")
+    '1, 10, 20, ..., 50 (6 steps)'
+    >>> compact([3, 7], "steps")
+    '3, 7'
+    """
+    parts: list[str] = []
+    i = 0
+    while i < len(numbers):
+        j = i + 1
+        while j + 1 < len(numbers) and numbers[j + 1] - numbers[j] == numbers[i + 1] - numbers[i]:
+            j += 1
+        if j - i >= 3:
+            parts.append(f"{numbers[i]}, {numbers[i + 1]}, ..., {numbers[j]}")
+            i = j + 1
+        else:
+            parts.append(str(numbers[i]))
+            i += 1
+    every_one = len(parts) == len(numbers)
+    if len(parts) > SHOWN_NUMBERS:
+        half = SHOWN_NUMBERS // 2
+        parts, every_one = [*parts[:half], "...", *parts[-half:]], False
+    text = ", ".join(parts)
+    return text if every_one else f"{text} ({len(numbers)} {unit})"

@@ -170,13 +170,12 @@ def plan_sweep(
     plan.parent_run_id = parent.info.run_id
     plan.attempt = int(parent.data.tags.get(ATTEMPTS) or 1) + 1
     latest = latest_runs(client, parent)
-    wanted = [_fingerprint(c) for c in configs]
-    plan.skipped = {
+    plan.skipped = {  # a recipe is built only for a job that has a FINISHED run to keep
         num: run.info.run_id
         for num, run in latest.items()
         if num < len(configs)
         and run.info.status == "FINISHED"
-        and run.data.tags.get(FINGERPRINT) == wanted[num]
+        and run.data.tags.get(FINGERPRINT) == _fingerprint(configs[num])
     }
     plan.run = [num for num in range(len(jobs)) if num not in plan.skipped]
     plan.running = {n: r.info.run_id for n, r in latest.items() if r.info.status == "RUNNING"}

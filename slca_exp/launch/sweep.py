@@ -45,6 +45,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from slca_exp.core.process import global_rank
+from slca_exp.core.shown import compact
 from slca_exp.core.tags import (
     CHILD_ROLE,
     EXPECTED_JOBS,
@@ -279,7 +280,7 @@ class MlflowSweepCallback(Callback):
             [
                 f"resuming sweep {self.sweep_id} (parent run {plan.parent_run_id}), attempt "
                 f"{plan.attempt}: {len(plan.run)} of {len(plan.jobs)} jobs to run "
-                f"({', '.join(map(str, plan.run))}); "
+                f"({compact(plan.run, 'jobs')}); "
                 f"{len(plan.skipped)} finished before and kept"
             ]
         )

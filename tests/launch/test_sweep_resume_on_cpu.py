@@ -57,9 +57,10 @@ def _store(tmp_path):
     return client, parents, children
 
 
-def _train(tmp_path, *args):
+def _slca_exp(tmp_path, *args):
+    """``slca-exp ARGS`` in ``tmp_path``, as a user types it there."""
     return subprocess.run(
-        [EXE, "train", *args], cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=600
+        [EXE, *args], cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=600
     )
 
 
@@ -104,11 +105,12 @@ def test_a_killed_sweep_run_again_runs_only_its_unfinished_jobs_under_the_same_p
     killed = next(r for r in children if r.info.status == "KILLED").info.run_id
     finished = {r.data.tags[JOB]: r for r in children if r.info.status == "FINISHED"}
 
-    planned = _train(tmp_path, "--dry-run", *SWEEP_ARGS)  # says what running it again does
+    # --dry-run says what running the same command line again does
+    planned = _slca_exp(tmp_path, "train", "--dry-run", *SWEEP_ARGS)
     assert planned.returncode == 0, planned.stderr[-3000:]
     said = f"this resumes sweep {parent.data.tags[SWEEP]} (attempt 2): jobs to run 2, 3; 2 FINISHED"
     assert said in planned.stdout, planned.stdout[-3000:]
-    again = _train(tmp_path, *SWEEP_ARGS)  # the same command line
+    again = _slca_exp(tmp_path, "train", *SWEEP_ARGS)  # the same command line
     out = again.stdout + again.stderr
     assert again.returncode == 0, out[-3000:]
     assert "attempt 2: 2 of 4 jobs to run (2, 3); 2 finished before and kept" in out, out[-3000:]
@@ -134,20 +136,15 @@ def test_a_killed_sweep_run_again_runs_only_its_unfinished_jobs_under_the_same_p
     assert (tmp_path / "multirun" / "3").is_dir()  # each job in its own numbered folder
 
     sweep = parent.data.tags[SWEEP]
-    compare = subprocess.run(
-        [EXE, "compare", sweep, "--tracking-uri", "sqlite:///out/mlflow.db"],
-        cwd=tmp_path,
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    compare = _slca_exp(tmp_path, "compare", sweep, "--tracking-uri", "sqlite:///out/mlflow.db")
     assert compare.returncode == 0, compare.stderr[-3000:]
     rows = [x.split() for x in compare.stdout.splitlines() if x.split()[:2] == ["2", "0,1"]]
     assert sorted(r[2] for r in rows) == ["grpo", "slca_grpo"], compare.stdout  # 2 seeds each
     assert "paired t" in compare.stdout
 
-    resumed = _train(tmp_path, "--resume", sweep, "--tracking-uri", "sqlite:///out/mlflow.db")
+    resumed = _slca_exp(
+        tmp_path, "train", "--resume", sweep, "--tracking-uri", "sqlite:///out/mlflow.db"
+    )
     out = resumed.stdout + resumed.stderr
     assert resumed.returncode == 0, out[-3000:]
     assert f"sweep {sweep}: all 4 jobs FINISHED before" in out and "nothing to run" in out

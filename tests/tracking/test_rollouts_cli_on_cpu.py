@@ -14,7 +14,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from slca_exp.commands import main
-from slca_exp.commands.rollouts import compact_steps
+from slca_exp.core.shown import compact
 from slca_exp.rollouts.files import RECORDS, file_name, folder, write_records
 from slca_exp.tracking.rollout_text import Palette
 from tests.rollouts.samples import step_records
@@ -250,10 +250,10 @@ def test_no_colour_unless_a_terminal_without_no_color(store, capsys, monkeypatch
 
 
 def test_long_step_lists_are_shortened():
-    assert compact_steps([1, 10]) == "1, 10"
-    assert compact_steps([1, *range(10, 210, 10)]) == "1, 10, 20, ..., 200 (21 steps)"
+    assert compact([1, 10], "steps") == "1, 10"
+    assert compact([1, *range(10, 210, 10)], "steps") == "1, 10, 20, ..., 200 (21 steps)"
     irregular = [k * k for k in range(40)]
-    shown = compact_steps(irregular)
+    shown = compact(irregular, "steps")
     assert "..." in shown and shown.endswith("(40 steps)") and len(shown) < 120
 
 
