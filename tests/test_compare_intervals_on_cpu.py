@@ -307,3 +307,63 @@ def test_a_sweep_part_way_is_compared_on_its_finished_runs_and_says_which_it_lef
     expected = paired(a, b)  # the three seeds both algorithms finished
     table = (tmp_path / "c" / "differences.md").read_text()
     assert f"| 3 (1 unpaired) | paired t | {expected.mean:+.4g} |" in table, table
+
+
+def test_a_study_file_compares_exactly_as_its_store_does(study, tmp_path, capsys):
+    """``--save-study`` keeps all compare reads: the report, table, differences and intervals
+    written from the file are the store's, byte for byte, but for the command line they name;
+    the copy shows the store's run ids; saved again from its copy, the file is the same bytes."""
+    uri, _, _ = study
+    args = ["--metric", "val/reward/tool/mean", "--margin", "0.05", "--variance"]
+    saved = tmp_path / "iso2.json.gz"
+    again = tmp_path / "again.json.gz"
+
+    def written(target, folder, study_file):
+        out = tmp_path / folder
+        return compare_main([*target, *args, "--out", str(out), "--report", str(out / "r.md"),
+                             "--save-study", str(study_file)])  # fmt: skip
+
+    assert written(["iso2", "--tracking-uri", uri], "a", saved) == 0
+    assert written([str(saved)], "b", again) == 0
+    out = capsys.readouterr().out
+    assert "MLflow compare page" not in out.split("study file:")[-1]  # a temporary store
+    for name in ("table.md", "differences.md", "intervals.md"):
+        assert (tmp_path / "a" / name).read_text() == (tmp_path / "b" / name).read_text(), name
+    store, copy = ((tmp_path / d / "r.md").read_text().splitlines() for d in ("a", "b"))
+    assert store[2].startswith("Written by `slca-exp compare iso2 ")
+    assert copy[2].startswith(f"Written by `slca-exp compare {saved} ")
+    assert store[:2] + store[3:] == copy[:2] + copy[3:]
+    parent = MlflowClient(uri).search_runs(
+        [e.experiment_id for e in MlflowClient(uri).search_experiments()],
+        filter_string="tags.`slca.role` = 'parent'",
+    )[0]
+    assert f"(parent run {parent.info.run_id})" in "\n".join(copy)
+    assert again.read_bytes() == saved.read_bytes()
+
+
+def test_a_study_file_is_refused_with_the_reason(study, tmp_path, capsys):
+    import gzip
+    import json
+
+    uri, _, _ = study
+    assert compare_main([str(tmp_path / "none.json.gz")]) == 2
+    assert "no study file at" in capsys.readouterr().err
+    other = tmp_path / "other.json.gz"
+    other.write_bytes(gzip.compress(json.dumps({"format": "something else"}).encode()))
+    assert compare_main([str(other)]) == 2
+    err = capsys.readouterr().err
+    assert "is not a study file of this slca-exp (format 'something else'" in err
+    assert "--save-study" in err
+    other.write_bytes(b"not gzip")
+    assert compare_main([str(other)]) == 2
+    assert f"{other} is not a study file" in capsys.readouterr().err
+    saved = tmp_path / "s.json.gz"
+    assert compare_main(["iso2", "--tracking-uri", uri, "--out", str(tmp_path / "c"),
+                         "--save-study", str(saved)]) == 0  # fmt: skip
+    with pytest.raises(SystemExit) as exit_:
+        compare_main([str(saved), "--tracking-uri", uri])
+    assert exit_.value.code == 2
+    assert "a study file is its own store" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        compare_main(["iso2", "--tracking-uri", uri, "--save-study", str(tmp_path / "s.json")])
+    assert "a study file's name ends with .json.gz" in capsys.readouterr().err

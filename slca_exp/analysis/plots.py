@@ -24,14 +24,10 @@ def write_plots(client: Any, selection: Selection, out: Path, *, smooth: float =
     its mean curve with a band of one std over its runs (its seeds), each run smoothed first
     with an EMA of weight ``smooth``; the validation values of a panel's metric are markers.
     """
-    from slca_exp.tracking.plots import ADVANTAGE_CURVES, REWARD_CURVES, plot_groups
+    from slca_exp.tracking.plots import plot_groups
 
-    figures = {
-        "rewards": REWARD_CURVES,
-        "advantages": ADVANTAGE_CURVES + tuple(adv(seg, "std") for seg in SEGMENTS),
-    }
-    wanted = [name for names in figures.values() for name in names]
-    wanted += [val(name) for name in wanted]
+    figures = _figures()
+    wanted = curve_metrics()
     groups: dict[str, list[dict[str, list[tuple[int, float]]]]] = {}
     for label, runs in group_labels(selection).items():
         groups[label] = [
@@ -53,6 +49,21 @@ def write_plots(client: Any, selection: Selection, out: Path, *, smooth: float =
         if path is not None:
             written.append(path)
     return written
+
+
+def _figures() -> dict[str, tuple[str, ...]]:
+    from slca_exp.tracking.plots import ADVANTAGE_CURVES, REWARD_CURVES
+
+    return {
+        "rewards": REWARD_CURVES,
+        "advantages": ADVANTAGE_CURVES + tuple(adv(seg, "std") for seg in SEGMENTS),
+    }
+
+
+def curve_metrics() -> list[str]:
+    """The metrics :func:`write_plots` draws the histories of (with their validation values)."""
+    wanted = [name for names in _figures().values() for name in names]
+    return wanted + [val(name) for name in wanted]
 
 
 def write_dose_plots(

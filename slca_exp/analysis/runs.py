@@ -15,7 +15,7 @@ from typing import Any
 from urllib.parse import quote
 
 from slca_exp.analysis.estimates import MEAN_OVER_STEPS
-from slca_exp.core.tags import PARENT_ROLE, ROLE, SWEEP, SWEPT, SWEPT_PREFIX, swept_tag
+from slca_exp.core.tags import COPY_OF, PARENT_ROLE, ROLE, SWEEP, SWEPT, SWEPT_PREFIX, swept_tag
 from slca_exp.tracking import sweep_runs
 from slca_exp.tracking.mlflow import mlflow_key
 from slca_exp.tracking.readback import get_run, looks_like_run_id
@@ -66,7 +66,7 @@ def find_runs(client: Any, target: str) -> Selection:
         parent = parents[-1]  # the newest, if a sweep id was reused
         runs = sweep_runs.children(client, parent.info.experiment_id, parent.info.run_id)
         swept = json.loads(parent.data.tags.get(SWEPT, "[]"))
-        label = f"sweep {parent.data.tags.get(SWEEP, '?')} (parent run {parent.info.run_id})"
+        label = f"sweep {parent.data.tags.get(SWEEP, '?')} (parent run {shown_id(parent)})"
         if not runs:
             raise CompareError(f"{label} has no child runs yet; did its jobs log to MLflow?")
         return Selection(label, runs, swept, [parent.info.experiment_id])
@@ -141,6 +141,11 @@ def swept_value(run: Any, key: str) -> str:  # noqa: ANN401
     """A run's value of a swept key: its ``slca.swept.<key>`` tag, else its param."""
     tags, params = run.data.tags, run.data.params
     return tags.get(swept_tag(key), params.get(key, ""))
+
+
+def shown_id(run: Any) -> str:  # noqa: ANN401
+    """The run's id; for a run loaded from a study file, the id it had when the file was saved."""
+    return run.data.tags.get(COPY_OF, run.info.run_id)
 
 
 def seed_of(run: Any) -> str:  # noqa: ANN401

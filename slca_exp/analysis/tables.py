@@ -22,6 +22,7 @@ from slca_exp.analysis.runs import (
     Selection,
     group_runs,
     seed_of,
+    shown_id,
     swept_value,
 )
 from slca_exp.tracking.mlflow import mlflow_key
@@ -56,7 +57,7 @@ def table(
     for members in groups.values():
         first = members[0]
         if per_run:
-            row = [first.info.run_id[:8]] + ([] if keys else [first.info.run_name or ""])
+            row = [shown_id(first)[:8]] + ([] if keys else [first.info.run_name or ""])
         else:
             seeds = sorted({seed_of(r) for r in members})
             row = [str(len(members)), ",".join(seeds)]

@@ -2,16 +2,18 @@
 
     slca-exp compare EXPERIMENT_OR_SWEEP [--metric M ...] [--strict] [--tracking-uri URI]
                      [--out DIR] [--ui-url URL] [--smooth W] [--report OUT.md]
+                     [--margin M] [--variance] [--save-study FILE.json.gz]
 
-EXPERIMENT_OR_SWEEP is a sweep id (tag ``slca.sweep``), a sweep's parent run id, or an MLflow
-experiment name (all its runs but sweep parents). The table has one row per run, or one per
-combination of swept values with mean +/- std over runs that differ only in ``seed``; on the
-console it fits :data:`TABLE_WIDTH` columns (long names wrapped), ``table.md`` keeps them whole.
-The plots group the runs the same way: one mean curve per group with a band of one std over its
-seeds, smoothed with ``--smooth`` (TensorBoard's EMA), validation values as markers. They are
-written to ``--out``; the MLflow UI's compare-page URL is printed. The comparability guard
-(``slca_exp/analysis/comparability.py``) warns, or with ``--strict`` refuses (exit 2), when runs
-differ in a recipe component that was not swept.
+EXPERIMENT_OR_SWEEP is a sweep id (tag ``slca.sweep``), a sweep's parent run id, an MLflow
+experiment name (all its runs but sweep parents), or a study file that ``--save-study`` wrote
+(``slca_exp/analysis/study_file.py``: what compare reads of a sweep, without its store). The
+table has one row per run, or one per combination of swept values with mean +/- std over runs
+that differ only in ``seed``; on the console it fits :data:`TABLE_WIDTH` columns (long names
+wrapped), ``table.md`` keeps them whole. The plots group the runs the same way: one mean curve
+per group with a band of one std over its seeds, smoothed with ``--smooth`` (TensorBoard's EMA),
+validation values as markers. They are written to ``--out``; the MLflow UI's compare-page URL is
+printed. The comparability guard (``slca_exp/analysis/comparability.py``) warns, or with
+``--strict`` refuses (exit 2), when runs differ in a recipe component that was not swept.
 
 For every swept factor with two levels, the difference of each metric between them in every
 cell of the other swept factors: n, the mean difference, its 95% interval and p-value (paired t
@@ -75,15 +77,44 @@ def main(argv: Sequence[str]) -> int:
             f"--smooth {args.smooth} is outside [0, 1): it is the EMA weight of the plots' "
             "curves (0 = none, 0.6 = TensorBoard's default, 0.9 = strong)"
         )
-    from mlflow.tracking import MlflowClient
-
+    from slca_exp.analysis.study_file import SUFFIX, StudyFileError, is_study_file, opened_study
     from slca_exp.tracking.uris import default_tracking_uri
 
+    if args.save_study and not args.save_study.endswith(SUFFIX):
+        parser.error(f"--save-study {args.save_study}: a study file's name ends with {SUFFIX}")
+
+    if args.target.endswith(SUFFIX):
+        if not is_study_file(args.target):
+            print(f"slca-exp compare: no study file at {args.target}", file=sys.stderr)
+            return EXIT_BAD_CONFIG
+        if args.tracking_uri:
+            parser.error(
+                f"--tracking-uri with the study file {args.target}: a study file is its own "
+                "store (compare loads it into a temporary one); leave out --tracking-uri"
+            )
+        try:
+            with opened_study(Path(args.target)) as (uri, target):
+                return _compare(args, argv, uri, target, study_file=True)
+        except StudyFileError as err:
+            print(f"slca-exp compare: {err}", file=sys.stderr)
+            return EXIT_BAD_CONFIG
     uri = args.tracking_uri or default_tracking_uri()
     try:
         check_store(uri, explicit=bool(args.tracking_uri))
+    except ReadbackError as err:
+        print(f"slca-exp compare: {err}", file=sys.stderr)
+        return EXIT_BAD_CONFIG
+    return _compare(args, argv, uri, args.target, study_file=False)
+
+
+def _compare(
+    args: argparse.Namespace, argv: Sequence[str], uri: str, target: str, *, study_file: bool
+) -> int:
+    from mlflow.tracking import MlflowClient
+
+    try:
         client = MlflowClient(tracking_uri=uri)
-        selection = find_runs(client, args.target)
+        selection = find_runs(client, target)
     except (CompareError, ReadbackError) as err:
         print(f"slca-exp compare: {err}", file=sys.stderr)
         return EXIT_BAD_CONFIG
@@ -150,7 +181,8 @@ def main(argv: Sequence[str]) -> int:
         print("\nhow a difference changes along a numeric factor (paired t over seeds):")
         print(format_table(*effects_rows(changes, margin)))
     split = variance_split(client, selection, found, margin) if args.variance else None
-    out = Path(args.out or Path("outputs") / "compare" / safe_name(args.target))
+    name = Path(args.target).name.removesuffix(".json.gz") if study_file else args.target
+    out = Path(args.out or Path("outputs") / "compare" / safe_name(name))
     out.mkdir(parents=True, exist_ok=True)
     (out / "table.md").write_text(sweep_runs.markdown_table(header, rows))
     if found or changes:
@@ -181,6 +213,16 @@ def main(argv: Sequence[str]) -> int:
             split=split,
         )
         print(f"report: {report}")
+    if args.save_study:
+        from slca_exp.analysis.report import sweep_parent
+        from slca_exp.analysis.study_file import save_study
+
+        parent = sweep_parent(client, selection.runs)
+        saved = save_study(client, parent, selection.runs, metrics, Path(args.save_study))
+        size = saved.stat().st_size / 1024
+        print(f"study file: {saved} ({plural(len(selection.runs), 'run')}, {size:.0f} KiB)")
+    if study_file:  # its store is temporary: no MLflow UI shows it
+        return 0
     ui = args.ui_url or (uri if uri.startswith(("http://", "https://")) else DEFAULT_UI_URL)
     print(f"MLflow compare page: {compare_url(ui, selection)}")
     return 0
@@ -245,6 +287,13 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="split each validation reward difference's spread over seeds into evaluation "
         "noise and training noise, and say how many validation rows and seeds reach a verdict",
+    )
+    parser.add_argument(
+        "--save-study",
+        metavar="FILE.json.gz",
+        help="also write what compare read (runs, tags, the compared metrics' histories, final "
+        "validation rewards) to a study file; `slca-exp compare FILE.json.gz` compares it again "
+        "without the MLflow store",
     )
     parser.add_argument(
         "--smooth",

@@ -12,6 +12,7 @@
     lineage                   -> PROMPT_SHA256 on prompt versions; FINGERPRINT and MODEL_PATH
                                  on logged models; EXPERIMENT_KIND on experiments
     slca-exp eval             -> eval_tag(benchmark, field) on the run that trained the checkpoint
+    study files (compare)     -> COPY_OF on each run a study file is loaded into
     compare, comparability    <- read them back
 
 Code never spells a tag key as a literal: it uses the constants and helpers below, and a test
@@ -62,6 +63,7 @@ ATTEMPT_PREFIX: Final = "slca.attempt."
 MOVED_PREFIX: Final = "slca.moved."
 """Parent tags ``slca.moved.<run id>`` (:func:`moved_tag`): a run another sweep resumed."""
 SUPERSEDED_BY: Final = "slca.superseded_by"
+COPY_OF: Final = "slca.copy_of"
 JUDGE_SERVICE: Final = "slca.service.judge"
 SIMULATOR_SERVICE: Final = "slca.service.simulator"
 SERVICE_TAGS: Final[dict[str, str]] = {"judge": JUDGE_SERVICE, "simulator": SIMULATOR_SERVICE}
@@ -179,6 +181,7 @@ TAGS: Final[dict[str, str]] = {
     f"{ATTEMPT_PREFIX}<n>": "parent: attempt n's record (JSON): when, the jobs it ran and skipped",
     f"{MOVED_PREFIX}<run id>": "parent: the sweep whose parent run now holds that run (resumed)",
     SUPERSEDED_BY: "child: the run of a later attempt that re-ran this run's job",
+    COPY_OF: "a run loaded from a study file: the id the run had (compare shows it)",
     JUDGE_SERVICE: "parent: the judge service every job resolves (name@fingerprint)",
     SIMULATOR_SERVICE: "parent: the simulator service every job resolves (name@fingerprint)",
     STAGE: f"'{SFT_STAGE}' on the verl engine's SFT run",
