@@ -1,12 +1,15 @@
 """What logging rollouts costs, and what slca-exp's layer over verl costs, side by side.
 
 1. Rollout logging on the local engine, the smoke recipe (``experiment=smoke``: its SFT, then
-   RL): one run logs every step's rollouts (``tracking.rollouts.every=1``), one logs none
-   (``every=0``). Each logged step records how long its logging took
-   (``perf/time/rollout_log``), so the cost at the defaults (``every=10``: step 1 and every
-   10th) is that time over ten steps of the run that logs nothing, without counting the other
-   run's noise into it. The bytes each logged
-   step adds to the store (artifacts and traces) give the MB per 1000 steps.
+   RL): one run logs every third step's rollouts (``tracking.rollouts.every=3``), one logs none
+   (``every=0``). Each logged step records how long its logging call took
+   (``perf/time/rollout_log``). MLflow exports the step's traces (with their assessments) in a
+   background thread while the next step runs; the logged run has steps right after a logged
+   step and steps after an unlogged one, and the difference of their medians (``perf/step_s``,
+   which leaves the logging call out), within the one run, is what the export takes from
+   training. The cost at the defaults (``every=10``: step 1 and every 10th) is the call and the
+   export over ten steps of the run that logs nothing. The bytes each logged step adds to the
+   store (artifacts and traces) give the MB per 1000 steps.
 2. With ``--verl``: stock verl against slca-exp's layer over it, on ``experiment=verl_smoke``'s
    recipe (cpu backend, verl's vLLM rollout on vLLM's CPU build for both), one run after the
    other in this command, each RL step's time by phase (verl's own ``timing_s/*``):
@@ -21,7 +24,7 @@
 
    The goal is at most 5 % more per step; the table gives the ratio phase by phase.
 
-    python benchmarks/rollout_cost.py [--rl-steps 20] [--sft-steps 400] [--verl | --verl-only]
+    python benchmarks/rollout_cost.py [--rl-steps 30] [--sft-steps 400] [--verl | --verl-only]
         [--verl-steps 6] [--quick]
 """
 
@@ -45,6 +48,8 @@ from slca_exp.core import names  # noqa: E402
 
 DEFAULT_EVERY = 10
 """``tracking.rollouts.every``'s default: what the cost is reported for."""
+MEASURED_EVERY = 3
+"""The logged run's ``tracking.rollouts.every``: it has steps after an unlogged step too."""
 GOAL_LOGGING = 0.03
 GOAL_LAYER = 0.05
 
@@ -90,7 +95,9 @@ def stored_bytes(client, run, root: Path) -> tuple[int, int, int]:  # noqa: ANN0
 
 
 def local_cost(args: argparse.Namespace, root: Path) -> dict[str, float]:
-    """Part 1: the smoke recipe with every step logged, and with nothing logged."""
+    """Part 1: the smoke recipe with every third step logged, and with nothing logged."""
+    from slca_exp.rollouts.select import due
+
     common = [
         "experiment=smoke",
         f"engine.sft.steps={args.sft_steps}",
@@ -103,36 +110,50 @@ def local_cost(args: argparse.Namespace, root: Path) -> dict[str, float]:
     ]
     uri = f"sqlite:///{root / 'mlflow.db'}"
     runs = {}
-    for label, every in (("off", 0), ("every step", 1)):
+    for label, every in (("off", 0), ("logged", MEASURED_EVERY)):
         name = f"rollout-cost-{every}"
         log = root / f"local-{every}.log"
         slca_train(
             [*common, f"tracking.rollouts.every={every}", f"experiment_name={name}"], root, log
         )
         runs[label] = only_run(uri, name)
-    client, logged = runs["every step"]
+    client, logged = runs["logged"]
     _, quiet = runs["off"]
     step_s = history(client, logged.info.run_id, names.PERF_STEP_S)
     log_s = history(client, logged.info.run_id, names.PERF_ROLLOUT_LOG_S)
     quiet_s = history(client, quiet.info.run_id, names.PERF_STEP_S)
     val_s = history(client, logged.info.run_id, names.val(names.PERF_ROLLOUT_LOG_S))
-    later = [s for s in step_s if s > 1]  # step 1 warms up
-    step = statistics.median(step_s[s] for s in later)
-    quiet = statistics.median(quiet_s[s] for s in later)  # the smoke recipe's own step
-    logging = statistics.median(log_s[s] for s in later)
+    quiet = statistics.median(quiet_s[s] for s in quiet_s if s > 1)  # step 1 warms up
+
+    def unlogged(after_logged: bool) -> list[float]:
+        return [
+            t
+            for s, t in step_s.items()
+            if s > 1
+            and not due(s, MEASURED_EVERY)
+            and due(s - 1, MEASURED_EVERY) == after_logged
+            and s - 1 not in val_s  # a validation's rollouts export during the next step too
+        ]
+
+    after_logged, after_quiet = unlogged(True), unlogged(False)
+    if not after_logged or not after_quiet:
+        raise SystemExit(f"--rl-steps {args.rl_steps}: too few steps to measure the export")
+    exporting = statistics.median(after_logged)
+    not_exporting = statistics.median(after_quiet)
+    logging = statistics.median(log_s[s] for s in log_s if s > 1)
     files, traces, steps = stored_bytes(client, logged, root)
     per_step = (files + traces) / max(steps + len(val_s), 1)
     logged_per_1000 = 1000 // DEFAULT_EVERY + 1
     cost = logging * logged_per_1000 / (1000 * quiet)
-    # MLflow exports traces (and their assessments) in a background thread during the next
-    # step: what that takes from training shows as a slower step of the run that logs every
-    # step (perf/step_s leaves the logging call itself out).
-    background = max(0.0, step - quiet)
+    background = max(0.0, exporting - not_exporting)
     cost_all = (logging + background) * logged_per_1000 / (1000 * quiet)
     print("\n1. rollout logging, local engine, smoke recipe")
-    print(f"   RL step (median of steps 2-{args.rl_steps}): {step * 1e3:8.1f} ms logged every "
-          f"step, {quiet * 1e3:8.1f} ms with every=0 "
-          "(perf/step_s, logging excluded)")  # fmt: skip
+    print(f"   RL step with every=0 (median of steps 2-{args.rl_steps}, perf/step_s): "
+          f"{quiet * 1e3:8.1f} ms")  # fmt: skip
+    print(f"   logged run (every={MEASURED_EVERY}), steps after a logged step: "
+          f"{exporting * 1e3:.1f} ms (median of {len(after_logged)}), after an unlogged step: "
+          f"{not_exporting * 1e3:.1f} ms (median of {len(after_quiet)}): the background "
+          f"export takes {background * 1e3:.1f} ms of a logged step's next step")  # fmt: skip
     val_ms = statistics.median(val_s.values()) * 1e3 if val_s else float("nan")
     print(f"   logging one step's {args.per_step} rollouts:  {logging * 1e3:8.1f} ms (median "
           f"perf/time/rollout_log); a validation's: {val_ms:.1f} ms")  # fmt: skip
@@ -227,7 +248,7 @@ def verl_layer(args: argparse.Namespace, root: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rl-steps", type=int, default=20)
+    parser.add_argument("--rl-steps", type=int, default=30)
     parser.add_argument("--sft-steps", type=int, default=400, help="the smoke recipe's SFT")
     parser.add_argument("--rows", type=int, default=256)
     parser.add_argument("--per-step", type=int, default=4, help="tracking.rollouts.per_step")
@@ -239,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, help="also write part 1's figures here")
     args = parser.parse_args(argv)
     if args.quick:
-        args.rl_steps, args.sft_steps, args.rows = 3, 20, 32
+        args.rl_steps, args.sft_steps, args.rows = 5, 20, 32
         args.verl_steps, args.verl_sft_steps = 2, 10
     with tempfile.TemporaryDirectory(prefix="slca-rollout-cost-") as tmp:
         if not args.verl_only:

@@ -35,6 +35,7 @@ def test_the_rollout_cost_benchmark_reports_the_cost_and_the_store_size(tmp_path
     assert math.isfinite(figures["cost"]) and figures["cost"] > 0
     assert figures["cost_with_export"] >= figures["cost"]  # the export can only add
     assert "with the background export:" in res.stdout
+    assert "steps after a logged step:" in res.stdout  # the export, measured within one run
     assert math.isfinite(figures["mb_per_1000"]) and figures["mb_per_1000"] > 0
     assert "% of the every=0 step (goal <= 3 %)" in res.stdout
     assert "MB per 1000 steps at the defaults" in res.stdout
