@@ -5,6 +5,7 @@ independent computation on fixed data: a hand computation, the exact bootstrap d
 import itertools
 import math
 import random
+import re
 from dataclasses import replace
 from pathlib import Path
 
@@ -156,6 +157,37 @@ def test_the_verdicts():
     assert "equivalence within ±0.01 not reachable as measured" in verdict(
         _effect(a, wide), 0.01
     )
+
+
+def test_the_plain_reading_says_the_tables_verdict():
+    """The report's "Read plainly" lines say what the differences table's verdict says."""
+    from slca_exp.analysis.report import _reading
+
+    a = [0.40, 0.45, 0.38, 0.50, 0.42]
+    cases = {
+        "differs": ([x + 0.10 for x in a], 0.05),
+        "equivalent": ([x + d for x, d in zip(a, [0.004, -0.003, 0.001, 0.002, -0.002], strict=True)], 0.05),  # noqa: E501
+        "not separated": ([x + d for x, d in zip(a, [0.06, -0.05, 0.04, -0.03, 0.01], strict=True)], 0.02),  # noqa: E501
+        "unreachable": ([x + d for x, d in zip(a, [0.2, -0.1, 0.3, -0.05, 0.1], strict=True)], 0.01),  # noqa: E501
+    }
+    for name, (b, margin) in cases.items():
+        effect = _effect(a, b)
+        said, (line,) = verdict(effect, margin), _reading([effect], margin)[3:]
+        if said.startswith("equivalent within"):
+            assert f"equivalent within ±{margin:g}: the 90% interval" in line, (name, line)
+        elif said.startswith("differs"):
+            assert ": differs by " in line, (name, line)
+        else:
+            assert f": not separated at n={len(a)} " in line, (name, line)
+            needed = re.search(r"~(\d+) to show equivalence", said)
+            assert (
+                f"about {needed.group(1)} to show it within ±{margin:g}" in line
+                if needed
+                else f"equivalence within ±{margin:g} is not reachable as measured" in line
+            ), (name, said, line)
+    assert {verdict(_effect(a, b), m).split(" (")[0] for b, m in cases.values()} == {
+        "differs", "equivalent within ±0.05", "not separated at n=5"
+    }  # fmt: skip
 
 
 def test_the_variance_split_by_hand():

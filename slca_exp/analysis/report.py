@@ -29,7 +29,13 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from slca_exp.analysis.differences import Effect, effects_rows, interval_rows, levels
+from slca_exp.analysis.differences import (
+    Effect,
+    effect_tost,
+    effects_rows,
+    interval_rows,
+    levels,
+)
 from slca_exp.analysis.estimates import CONFIDENCE, mean_interval
 from slca_exp.analysis.runs import Observations, Selection, seed_of, swept_value
 from slca_exp.core import names, tags
@@ -124,7 +130,7 @@ def write_report(
                 f"±{margin:g}` when the 90% interval of the difference lies inside the margin.",
                 "",
             ]
-        lines += _reading(found)
+        lines += _reading(found, margin)
         lines += [
             "",
             "## Interval estimates",
@@ -161,7 +167,7 @@ def write_report(
             "",
             markdown_table(*effects_rows(changes, margin)),
         ]
-        lines += _reading(changes)
+        lines += _reading(changes, margin)
     cos = _grad_cos(observe, groups)
     if cos:
         lines += ["", "## Gradient conflict", ""]
@@ -278,12 +284,15 @@ def _seeds(runs: Sequence[Any]) -> str:
     return f"seeds {', '.join(seeds)}" if seeds else "one run each"
 
 
-def _reading(found: Sequence[Effect]) -> list[str]:
-    """One line per difference: its verdict in words, with the seeds it would need."""
+def _reading(found: Sequence[Effect], margin: float | None) -> list[str]:
+    """One line per difference: its verdict in words (the table's), with the seeds it would need."""
     out = ["", "Read plainly:", ""]
     for e in found:
         est = e.estimate
         where = f" at {e.cell_label}" if e.cell else ""
+        weighed = None
+        if margin is not None and not est.identical and not math.isnan(est.low):
+            weighed = effect_tost(e, margin)
         if est.identical:
             text = "every pair is identical"
         elif est.separated:
@@ -291,14 +300,28 @@ def _reading(found: Sequence[Effect]) -> list[str]:
                 f"differs by {est.mean:+.4g} ({CONFIDENCE:.0%} CI [{est.low:+.4g}, "
                 f"{est.high:+.4g}], p={est.p:.3g})"
             )
+            if weighed is not None and weighed.equivalent:
+                text += f", and lies within ±{margin:g} (TOST p={weighed.p:.3g})"
         elif math.isnan(est.low):
             text = "too few runs for an interval"
+        elif weighed is not None and weighed.equivalent:
+            text = (
+                f"equivalent within ±{margin:g}: the 90% interval of the difference "
+                f"[{weighed.low:+.4g}, {weighed.high:+.4g}] lies inside the margin (mean "
+                f"{est.mean:+.4g}, TOST p={weighed.p:.3g})"
+            )
         else:
             text = f"not separated at n={est.n} (mean {est.mean:+.4g}, p={est.p:.3g})"
             if est.needed is not None:
                 text += (
                     f"; the measured variance would need about {est.needed} seeds per level "
                     "to separate this difference at 80% power"
+                )
+            if weighed is not None:
+                text += (
+                    f", and about {weighed.needed} to show it within ±{margin:g}"
+                    if weighed.needed
+                    else f"; equivalence within ±{margin:g} is not reachable as measured"
                 )
         out.append(f"- `{e.metric}`, {e.label}{where}: {text}.")
     return out
