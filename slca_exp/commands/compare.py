@@ -292,8 +292,8 @@ def _parser() -> argparse.ArgumentParser:
         "--save-study",
         metavar="FILE.json.gz",
         help="also write what compare read (runs, tags, the compared metrics' histories, final "
-        "validation rewards) to a study file; `slca-exp compare FILE.json.gz` compares it again "
-        "without the MLflow store",
+        "validation rewards) to a study file, which slca-exp compare FILE.json.gz compares "
+        "again without the MLflow store",
     )
     parser.add_argument(
         "--smooth",
