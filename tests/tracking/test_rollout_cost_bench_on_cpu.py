@@ -34,8 +34,10 @@ def test_the_rollout_cost_benchmark_reports_the_cost_and_the_store_size(tmp_path
     figures = json.loads(out.read_text())
     assert math.isfinite(figures["cost"]) and figures["cost"] > 0
     assert figures["cost_with_export"] >= figures["cost"]  # the export can only add
+    assert math.isfinite(figures["cost_with_export_upper"])
     assert "with the background export:" in res.stdout
-    assert "steps after a logged step:" in res.stdout  # the export, measured within one run
+    assert "step after a logged step:" in res.stdout  # the export, measured within one run
+    assert "(upper end of the 95% interval, Welch)" in res.stdout
     assert math.isfinite(figures["mb_per_1000"]) and figures["mb_per_1000"] > 0
     assert "% of the every=0 step (goal <= 3 %)" in res.stdout
     assert "MB per 1000 steps at the defaults" in res.stdout
