@@ -59,7 +59,7 @@ def table(
         if per_run:
             row = [shown_id(first)[:8]] + ([] if keys else [first.info.run_name or ""])
         else:
-            seeds = sorted({seed_of(r) for r in members})
+            seeds = sorted({seed_of(r) for r in members}, key=lambda s: (len(s), s))
             row = [str(len(members)), ",".join(seeds)]
         row += [swept_value(first, k) for k in keys]
         for metric in metrics:
