@@ -39,7 +39,7 @@ def _mean(values: Sequence[float]) -> float | None:
 
 
 def moved_prompts(
-    client: Any,  # noqa: ANN401 - an MlflowClient
+    observe: Any,  # noqa: ANN401 - an analysis.runs.Observations
     runs: Sequence[Any],
     swept: Sequence[str],
 ) -> tuple[list[str], list[Moved]] | None:
@@ -48,7 +48,6 @@ def moved_prompts(
     Only the runs' last logged validation rollouts are read (``tracking.rollouts.val``).
     """
     from slca_exp.rollouts.pairing import REWARDS, pair_rollouts, question
-    from slca_exp.tracking import readback
 
     if FACTOR not in swept:
         return None
@@ -60,18 +59,11 @@ def moved_prompts(
     for run in runs:
         key = (seed_of(run), *(swept_value(run, k) for k in others))
         cells[key][swept_value(run, FACTOR)] = run
-    uri = client.tracking_uri
     found: dict[tuple[str, str], Moved] = {}
     for cell in cells.values():
         if set(cell) != set(algorithms):
             continue
-        records = []
-        for algorithm in algorithms:
-            run_id = cell[algorithm].info.run_id
-            steps = readback.logged_steps(client, run_id, "val")
-            records.append(
-                readback.download_records(uri, run_id, "val", steps[-1]) if steps else []
-            )
+        records = [observe.final_val_records(cell[algorithm]) for algorithm in algorithms]
         for pair in pair_rollouts(*records).pairs:
             moved = found.setdefault(
                 (pair.a.group, question(pair.a)), Moved(pair.a.group, question(pair.a))

@@ -207,7 +207,7 @@ def _moved_section(observe: Observations, selection: Selection) -> list[str]:
     from slca_exp.analysis.prompts import SHOWN, moved_prompts, moved_rows
     from slca_exp.tracking.sweep_runs import markdown_table
 
-    found = moved_prompts(observe.client, selection.runs, selection.swept)
+    found = moved_prompts(observe, selection.runs, selection.swept)
     if found is None:
         return []
     algorithms, moved = found

@@ -159,6 +159,7 @@ class Observations:
     def __init__(self, client: Any) -> None:  # noqa: ANN401
         self.client = client
         self._cache: dict[tuple[str, str], float | None] = {}
+        self._final_val: dict[str, tuple[int, list[Any]] | None] = {}
 
     def __call__(self, run: Any, metric: str) -> float | None:  # noqa: ANN401
         """The run's observation of ``metric``; ``None`` when it has none."""
@@ -166,6 +167,32 @@ class Observations:
         if key not in self._cache:
             self._cache[key] = self._read(run, metric)
         return self._cache[key]
+
+    def final_val(self, run: Any) -> tuple[int, list[Any]] | None:  # noqa: ANN401
+        """The step and records of the run's last logged validation rollouts, read once.
+
+        ``None`` when the run logged none (``tracking.rollouts.val``). The variance split, the
+        report's moved prompts and the study file all read these.
+        """
+        from slca_exp.tracking import readback
+
+        run_id = run.info.run_id
+        if run_id not in self._final_val:
+            steps = readback.logged_steps(self.client, run_id, "val")
+            self._final_val[run_id] = (
+                (
+                    steps[-1],
+                    readback.download_records(self.client.tracking_uri, run_id, "val", steps[-1]),
+                )
+                if steps
+                else None
+            )
+        return self._final_val[run_id]
+
+    def final_val_records(self, run: Any) -> list[Any]:  # noqa: ANN401
+        """The records of :meth:`final_val` (empty when the run logged none)."""
+        found = self.final_val(run)
+        return found[1] if found is not None else []
 
     def _read(self, run: Any, metric: str) -> float | None:  # noqa: ANN401
         name = mlflow_key(metric)

@@ -44,13 +44,8 @@ class StudyFileError(Exception):
     """A file that is not a study file, or a store that cannot take one."""
 
 
-def is_study_file(target: str) -> bool:
-    """Whether ``compare``'s target names a study file (an existing ``*.json.gz``)."""
-    return target.endswith(SUFFIX) and Path(target).is_file()
-
-
 def save_study(
-    client: Any,  # noqa: ANN401 - an MlflowClient
+    observe: Any,  # noqa: ANN401 - an analysis.runs.Observations
     parent: Any | None,  # noqa: ANN401 - an mlflow Run
     runs: Sequence[Any],
     metrics: Sequence[str],
@@ -67,10 +62,11 @@ def save_study(
     from slca_exp.core.tags import SWEEP
     from slca_exp.tracking.mlflow import mlflow_key
 
+    client = observe.client
     kept = sorted({mlflow_key(m) for m in (*metrics, *MEAN_OVER_STEPS, *curve_metrics())})
     parent_id = shown_id(parent) if parent is not None else None
-    entries = [] if parent is None else [_run_entry(client, parent, kept, None, parent=True)]
-    entries += [_run_entry(client, run, kept, parent_id, parent=False) for run in runs]
+    entries = [] if parent is None else [_run_entry(observe, parent, kept, None, parent=True)]
+    entries += [_run_entry(observe, run, kept, parent_id, parent=False) for run in runs]
     first = parent if parent is not None else runs[0]
     study = {
         "format": FORMAT,
@@ -125,7 +121,7 @@ def load_study(study: dict[str, Any], client: Any, artifact_root: Path) -> str: 
     for entry in study["runs"]:
         tags = {k: v for k, v in entry["tags"].items() if k not in _NOT_COPIED_TAGS}
         tags[COPY_OF] = entry["id"]
-        if entry.get("parent_run") is not None:
+        if entry["parent_run"] is not None:
             if new_parent is None:
                 raise StudyFileError("a child run comes before its sweep's parent run")
             tags[PARENT_RUN] = new_parent
@@ -167,7 +163,7 @@ def opened_study(path: Path) -> Iterator[tuple[str, str]]:
 
 
 def _run_entry(
-    client: Any,  # noqa: ANN401
+    observe: Any,  # noqa: ANN401
     run: Any,  # noqa: ANN401
     kept: Sequence[str],
     parent_id: str | None,
@@ -178,7 +174,7 @@ def _run_entry(
         key: [
             [m.step, m.timestamp, m.value]
             for m in sorted(
-                client.get_metric_history(run.info.run_id, key),
+                observe.client.get_metric_history(run.info.run_id, key),
                 key=lambda m: (m.step, m.timestamp),
             )
         ]
@@ -197,7 +193,7 @@ def _run_entry(
         "tags": {k: v for k, v in run.data.tags.items() if k not in _NOT_COPIED_TAGS},
         "metrics": histories,
         "recipe": None if parent else _recipe(run),
-        "val_records": None if parent else _final_val_records(client, run),
+        "val_records": None if parent else _final_val_records(observe, run),
     }
 
 
@@ -213,14 +209,12 @@ def _recipe(run: Any) -> dict[str, Any] | None:  # noqa: ANN401
         return None
 
 
-def _final_val_records(client: Any, run: Any) -> dict[str, Any] | None:  # noqa: ANN401
-    from slca_exp.tracking import readback
-
-    steps = readback.logged_steps(client, run.info.run_id, "val")
-    if not steps:
+def _final_val_records(observe: Any, run: Any) -> dict[str, Any] | None:  # noqa: ANN401
+    found = observe.final_val(run)
+    if found is None:
         return None
-    records = readback.download_records(client.tracking_uri, run.info.run_id, "val", steps[-1])
-    return {"step": steps[-1], "records": [_trimmed(r).to_dict() for r in records]}
+    step, records = found
+    return {"step": step, "records": [_trimmed(r).to_dict() for r in records]}
 
 
 def _trimmed(record: Any) -> Any:  # noqa: ANN401 - a RolloutRecord

@@ -106,26 +106,14 @@ def split_of(effect: Effect, per_seed: Sequence[Sequence[float]]) -> Split | Non
 
 
 def splits(
-    client: Any,  # noqa: ANN401 - an MlflowClient
+    observe: Any,  # noqa: ANN401 - an analysis.runs.Observations
     found: Sequence[Effect],
     runs_of: Any,  # noqa: ANN401 - (effect, seed) -> (run of level a, run of level b)
 ) -> tuple[list[Split], list[str]]:
     """The split of every paired cell of a validation reward; and what could not be split, why."""
     from slca_exp.rollouts.pairing import pair_rollouts
-    from slca_exp.tracking import readback
 
-    cache: dict[str, list[Any]] = {}
-
-    def records(run: Any) -> list[Any]:  # noqa: ANN401
-        run_id = run.info.run_id
-        if run_id not in cache:
-            steps = readback.logged_steps(client, run_id, "val")
-            cache[run_id] = (
-                readback.download_records(client.tracking_uri, run_id, "val", steps[-1])
-                if steps
-                else []
-            )
-        return cache[run_id]
+    records = observe.final_val_records
 
     out, missing = [], []
     for effect in found:

@@ -77,14 +77,14 @@ def main(argv: Sequence[str]) -> int:
             f"--smooth {args.smooth} is outside [0, 1): it is the EMA weight of the plots' "
             "curves (0 = none, 0.6 = TensorBoard's default, 0.9 = strong)"
         )
-    from slca_exp.analysis.study_file import SUFFIX, StudyFileError, is_study_file, opened_study
+    from slca_exp.analysis.study_file import SUFFIX, StudyFileError, opened_study
     from slca_exp.tracking.uris import default_tracking_uri
 
     if args.save_study and not args.save_study.endswith(SUFFIX):
         parser.error(f"--save-study {args.save_study}: a study file's name ends with {SUFFIX}")
 
     if args.target.endswith(SUFFIX):
-        if not is_study_file(args.target):
+        if not Path(args.target).is_file():
             print(f"slca-exp compare: no study file at {args.target}", file=sys.stderr)
             return EXIT_BAD_CONFIG
         if args.tracking_uri:
@@ -180,7 +180,7 @@ def _compare(
     if changes:
         print("\nhow a difference changes along a numeric factor (paired t over seeds):")
         print(format_table(*effects_rows(changes, margin)))
-    split = variance_split(client, selection, found, margin) if args.variance else None
+    split = variance_split(observe, selection, found, margin) if args.variance else None
     name = Path(args.target).name.removesuffix(".json.gz") if study_file else args.target
     out = Path(args.out or Path("outputs") / "compare" / safe_name(name))
     out.mkdir(parents=True, exist_ok=True)
@@ -218,7 +218,7 @@ def _compare(
         from slca_exp.analysis.study_file import save_study
 
         parent = sweep_parent(client, selection.runs)
-        saved = save_study(client, parent, selection.runs, metrics, Path(args.save_study))
+        saved = save_study(observe, parent, selection.runs, metrics, Path(args.save_study))
         size = saved.stat().st_size / 1024
         print(f"study file: {saved} ({plural(len(selection.runs), 'run')}, {size:.0f} KiB)")
     if study_file:  # its store is temporary: no MLflow UI shows it
@@ -340,7 +340,7 @@ def study_margin(client: Any, selection: Selection) -> float | None:  # noqa: AN
 
 
 def variance_split(
-    client: Any, selection: Selection, found: Sequence[Any], margin: float | None
+    observe: Observations, selection: Selection, found: Sequence[Any], margin: float | None
 ) -> Any:  # noqa: ANN401
     """``--variance``: print each paired validation difference's split; returns the splits."""
     from slca_exp.analysis.variance import split_rows, splits
@@ -357,7 +357,7 @@ def variance_split(
 
         return run(effect.levels[0]), run(effect.levels[1])
 
-    got, missing = splits(client, found, runs_of)
+    got, missing = splits(observe, found, runs_of)
     if got:
         print("\nthe spread of each difference over seeds: evaluation noise and training noise")
         print(format_table(*split_rows(got, margin)))
