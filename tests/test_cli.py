@@ -99,6 +99,7 @@ def test_unknown_option_is_one_clear_line(tmp_path, command):
 
 COMMAND_MODULES = {  # the commands whose help argparse writes: their sub-commands are found there
     "compare": "slca_exp.commands.compare",
+    "restore": "slca_exp.commands.restore",
     "rollouts": "slca_exp.commands.rollouts",
     "rejudge": "slca_exp.commands.rejudge",
     "ui": "slca_exp.commands.ui",

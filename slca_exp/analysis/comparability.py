@@ -84,6 +84,36 @@ def differences(client: Any, runs: Sequence[Any], swept: Sequence[str]) -> list[
     return found
 
 
+def changed_fields(client: Any, run: Any, components: dict[str, Any]) -> list[str]:  # noqa: ANN401
+    """Where ``run``'s recorded components differ from ``components`` (``Recipe.components``).
+
+    Dotted fields (``data.files.sft.sha256``); data file paths are left out, as the
+    fingerprint leaves them out.
+    """
+    recorded = _recipe_components(client, run)
+    found: list[str] = []
+    for component in COMPONENTS:
+        pair = [
+            _portable(component, recorded.get(component)),
+            _portable(component, components.get(component)),
+        ]
+        if pair[0] != pair[1]:
+            found += _differing_fields(component, pair) or [component]
+    return found
+
+
+def _portable(component: str, value: Any) -> Any:  # noqa: ANN401 - any JSON value
+    """``value`` as the fingerprint reads it: a data split's file paths left out."""
+    if (
+        component != "data"
+        or not isinstance(value, dict)
+        or not isinstance(value.get("files"), dict)
+    ):
+        return json.loads(json.dumps(value, default=str))
+    files = {r: {k: v for k, v in e.items() if k != "path"} for r, e in value["files"].items()}
+    return json.loads(json.dumps({**value, "files": files}, default=str))
+
+
 def _recipe_components(client: Any, run: Any) -> dict[str, Any]:
     """The five components from the run's recipe.json, else its ``slca.*`` tags.
 

@@ -103,20 +103,44 @@ def read_study(path: Path) -> dict[str, Any]:
     return study
 
 
-def load_study(study: dict[str, Any], client: Any, artifact_root: Path) -> str:  # noqa: ANN401
+def load_study(
+    study: dict[str, Any],
+    client: Any,  # noqa: ANN401
+    artifact_root: Path | None,
+    *,
+    existing: bool = False,
+) -> str:
     """Write ``study`` (:func:`read_study`) into the store of ``client``; returns its target.
 
     The target is the sweep id when the study has a parent run, else the experiment's name.
-    Each run's artifacts go under ``artifact_root``.
+    A new experiment keeps its artifacts under ``artifact_root`` (``None``: the store's
+    default); with ``existing``, a sweep's runs join its experiment if the store has it.
     """
+    return _load(study, client, artifact_root, existing=existing)[0]
+
+
+def _load(
+    study: dict[str, Any],
+    client: Any,  # noqa: ANN401
+    artifact_root: Path | None,
+    *,
+    existing: bool,
+) -> tuple[str, str | None]:
+    """:func:`load_study`, and the new id of the sweep's parent run (``None``: no sweep)."""
     from mlflow.entities import Metric, Param, RunTag
 
     name = study["experiment"]
-    if client.get_experiment_by_name(name) is not None:
+    found = client.get_experiment_by_name(name)
+    if found is not None and not (existing and has_sweep(study)):
         raise StudyFileError(
             f"the store already has an experiment {name!r}; load the study into an empty store"
         )
-    experiment = client.create_experiment(name, artifact_location=artifact_root.as_uri())
+    location = artifact_root.as_uri() if artifact_root is not None else None
+    experiment = (
+        found.experiment_id
+        if found is not None
+        else client.create_experiment(name, artifact_location=location)
+    )
     new_parent = None
     for entry in study["runs"]:
         tags = {k: v for k, v in entry["tags"].items() if k not in _NOT_COPIED_TAGS}
@@ -147,7 +171,12 @@ def load_study(study: dict[str, Any], client: Any, artifact_root: Path) -> str: 
         client.set_terminated(run_id, status=entry["status"], end_time=entry["end_time"])
         if entry["is_parent"]:
             new_parent = run_id
-    return study["sweep"] if new_parent is not None else name
+    return (study["sweep"] if new_parent is not None else name), new_parent
+
+
+def has_sweep(study: dict[str, Any]) -> bool:
+    """Whether ``study`` holds a sweep (its parent run), rather than an experiment's runs."""
+    return any(entry["is_parent"] for entry in study["runs"])
 
 
 @contextmanager
@@ -160,6 +189,63 @@ def opened_study(path: Path) -> Iterator[tuple[str, str]]:
         uri = f"sqlite:///{Path(tmp) / 'mlflow.db'}"
         target = load_study(study, MlflowClient(tracking_uri=uri), Path(tmp) / "artifacts")
         yield uri, target
+
+
+@dataclasses.dataclass(frozen=True)
+class Restored:
+    """A study file's sweep as :func:`restore_study` wrote it into a store."""
+
+    sweep: str
+    parent_run_id: str
+    """The restored parent run (a copy: its ``slca.copy_of`` names the original)."""
+    statuses: dict[str, int]
+    """Run status -> how many of the sweep's runs (the parent left out) have it."""
+    command: list[str]
+    """The ``slca-exp train`` arguments the sweep recorded (empty if it recorded none)."""
+
+
+def restore_study(path: Path, uri: str) -> Restored:
+    """Write the sweep of the study file at ``path`` into the store at ``uri``, to resume there.
+
+    Its runs join the experiment they were in (created where missing, artifacts where
+    ``slca-exp train`` would put them); the sweep's own command line, run again on that store,
+    then keeps every FINISHED job whose recipe fingerprint still matches.
+
+    Raises:
+        StudyFileError: not a study file, a study without a sweep, or a store that already
+            holds this sweep.
+
+    """
+    from slca_exp.core.tags import SWEEP_COMMAND
+    from slca_exp.launch.resume import sweep_parent
+    from slca_exp.tracking.store import open_client
+    from slca_exp.tracking.uris import artifact_root
+
+    study = read_study(path)
+    if not has_sweep(study):
+        raise StudyFileError(
+            f"{path} holds the runs of experiment {study['experiment']!r}, not a sweep: there is "
+            "nothing to resume (compare it with slca-exp compare FILE.json.gz)"
+        )
+    client = open_client(uri)
+    sweep = study["sweep"]
+    held = sweep_parent(client, sweep)
+    if held is not None:
+        raise StudyFileError(
+            f"{uri} already holds sweep {sweep} (parent run {held.info.run_id}); resume it "
+            f"there (slca-exp train --resume {sweep} --tracking-uri {uri}) or restore into "
+            "another store"
+        )
+    root = artifact_root(None, uri)
+    _, new_parent = _load(study, client, root / "mlartifacts" if root else None, existing=True)
+    assert new_parent is not None  # has_sweep
+    parent = next(e for e in study["runs"] if e["is_parent"])
+    statuses: dict[str, int] = {}
+    for entry in study["runs"]:
+        if not entry["is_parent"]:
+            statuses[entry["status"]] = statuses.get(entry["status"], 0) + 1
+    recorded = parent["tags"].get(SWEEP_COMMAND)
+    return Restored(sweep, new_parent, statuses, json.loads(recorded) if recorded else [])
 
 
 def _run_entry(

@@ -6,6 +6,8 @@
                       problem
     slca-exp compare EXPERIMENT_OR_SWEEP [--metric M ...] [--strict] [--tracking-uri URI]
                      [--out DIR] [--ui-url URL]  table, plots and MLflow compare link of a sweep
+    slca-exp restore FILE.json.gz [--tracking-uri URI]  a study file's sweep written back into a
+                     store, where its own command resumes it
     slca-exp rollouts RUN [--step N] [--val] [--best | --worst] [--html OUT] [--tracking-uri URI]
                       a run's logged rollouts: rewards, segment advantages, the turns by segment
     slca-exp rejudge RUN_OR_SWEEP judge=OPTION [judge.KEY=VALUE ...] [--split all|train|val]
@@ -37,6 +39,7 @@ COMMANDS = (
     "train",
     "validate",
     "compare",
+    "restore",
     "rollouts",
     "rejudge",
     "ui",

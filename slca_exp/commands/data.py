@@ -37,7 +37,7 @@ def _parser() -> argparse.ArgumentParser:
         "synth",
         help="write the seeded synthetic split",
         description="Write sft.parquet, train.parquet and val.parquet (train = sft = N rows, "
-        "val = max(16, N // 4)); the same N and S give the same bytes.",
+        "val = max(16, N // 4)); the same N and S give the same bytes under the same pyarrow.",
     )
     synth.add_argument("--out", required=True, metavar="DIR", help="output folder")
     synth.add_argument(

@@ -28,6 +28,7 @@ from slca_exp.plugins import load_plugins
 
 if TYPE_CHECKING:
     from slca_exp.config.schema import RunConfig
+    from slca_exp.launch.resume import SweepPlan
     from slca_exp.tracking.redact import Redactor
 
 HELP = """\
@@ -159,6 +160,8 @@ def _train(rest: list[str], resume: str | None = None) -> int:
         from slca_exp.launch.resume import plan_sweep
 
         plan = plan_sweep(checked.jobs, checked.typed, given, resume=resume, fresh=fresh)
+    if plan is not None and plan.changed:
+        print(_changed_note(plan, checked.typed), file=sys.stderr)
     if dry_run:
         from slca_exp.launch.dry_run import describe
 
@@ -197,6 +200,29 @@ def _train(rest: list[str], resume: str | None = None) -> int:
     with _study_named(command.study), planned(plan):
         train.main()
     return 0
+
+
+def _changed_note(plan: SweepPlan, configs: Sequence[RunConfig]) -> str:
+    """Why jobs of a resumed sweep that FINISHED run again: what changed in the first's recipe."""
+    from slca_exp.analysis.comparability import changed_fields
+    from slca_exp.recipe import build_recipe
+    from slca_exp.tracking.store import open_client
+
+    num, run_id = min(plan.changed.items())
+    try:
+        client = open_client(plan.store)
+        recipe = build_recipe(configs[num])
+        fields = changed_fields(client, client.get_run(run_id), recipe.components())
+        shown = ", ".join(fields[:3]) + (f" and {len(fields) - 3} more" if len(fields) > 3 else "")
+        why = f"job {num} (run {run_id}) differs in {shown or 'its recorded fingerprint only'}"
+    except ConfigError:
+        why = f"the recipe of job {num} cannot be built before it runs"
+    return (
+        f"slca-exp: {len(plan.changed)} FINISHED jobs of sweep {plan.sweep_id} run again "
+        f"({compact(sorted(plan.changed), 'jobs')}): their recorded recipe fingerprint differs "
+        f"from the job's now; {why}. To keep those runs, put back what changed (a data file, a "
+        "prompt, or the pyarrow version that wrote a generated split) and run the command again"
+    )
 
 
 def _value(argv: list[str], flag: str) -> str | None:

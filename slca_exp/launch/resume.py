@@ -67,6 +67,8 @@ class SweepPlan:
         attempt: this attempt's number (1: the first).
         store: the MLflow store's URI.
         running: job number -> its run, still RUNNING in the store (run again all the same).
+        changed: job number -> its FINISHED run, run again: the recipe fingerprint it recorded
+            differs from the job's now (a changed file, prompt or package).
 
     """
 
@@ -80,6 +82,7 @@ class SweepPlan:
     attempt: int = 1
     store: str = ""
     running: dict[int, str] = field(default_factory=dict)
+    changed: dict[int, str] = field(default_factory=dict)
 
     def to_json(self) -> str:
         """The plan as ``$SLCA_EXP_SWEEP_PLAN`` carries it."""
@@ -92,7 +95,7 @@ class SweepPlan:
         if not text:
             return None
         data = json.loads(text)
-        for name in ("skipped", "running"):
+        for name in ("skipped", "running", "changed"):
             data[name] = {int(k): v for k, v in data.get(name, {}).items()}
         return cls(**data)
 
@@ -170,13 +173,14 @@ def plan_sweep(
     plan.parent_run_id = parent.info.run_id
     plan.attempt = int(parent.data.tags.get(ATTEMPTS) or 1) + 1
     latest = latest_runs(client, parent)
-    plan.skipped = {  # a recipe is built only for a job that has a FINISHED run to keep
-        num: run.info.run_id
+    finished = {  # a recipe is built only for a job that has a FINISHED run to keep
+        num: run
         for num, run in latest.items()
-        if num < len(configs)
-        and run.info.status == "FINISHED"
-        and run.data.tags.get(FINGERPRINT) == _fingerprint(configs[num])
+        if num < len(configs) and run.info.status == "FINISHED"
     }
+    for num, run in finished.items():
+        same = run.data.tags.get(FINGERPRINT) == _fingerprint(configs[num])
+        (plan.skipped if same else plan.changed)[num] = run.info.run_id
     plan.run = [num for num in range(len(jobs)) if num not in plan.skipped]
     plan.running = {n: r.info.run_id for n, r in latest.items() if r.info.status == "RUNNING"}
     return plan
@@ -244,6 +248,11 @@ def recorded_command(uri: str, sweep_id: str) -> list[str]:
             "the resume command",
         )
     return json.loads(text)
+
+
+def sweep_parent(client: Any, sweep_id: str) -> Any:  # noqa: ANN401
+    """The newest parent run of sweep ``sweep_id`` in any experiment of the store, or ``None``."""
+    return _parent(client, None, None, sweep_id)
 
 
 def _parent(client: Any, experiment: str | None, key: str | None, sweep_id: str | None) -> Any:  # noqa: ANN401

@@ -1,5 +1,7 @@
 """A sweep run again finishes what it left, under the same parent run (the local launcher).
 
+Its study file restores it into another store, where the same command line resumes it.
+
 The kill is real: SIGTERM to the sweep's process group while its third job trains, as a
 time limit or Ctrl-C would stop it.
 """
@@ -12,11 +14,13 @@ import sys
 import time
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 from mlflow.tracking import MlflowClient
 
 from slca_exp.core.tags import (
     ATTEMPTS,
+    COPY_OF,
     JOB,
     PARENT_ROLE,
     PARENT_RUN,
@@ -110,6 +114,7 @@ def test_a_killed_sweep_run_again_runs_only_its_unfinished_jobs_under_the_same_p
     assert planned.returncode == 0, planned.stderr[-3000:]
     said = f"this resumes sweep {parent.data.tags[SWEEP]} (attempt 2): jobs to run 2, 3; 2 FINISHED"
     assert said in planned.stdout, planned.stdout[-3000:]
+    _restored_elsewhere_plans_the_same_jobs(tmp_path, parent.data.tags[SWEEP], said)
     again = _slca_exp(tmp_path, "train", *SWEEP_ARGS)  # the same command line
     out = again.stdout + again.stderr
     assert again.returncode == 0, out[-3000:]
@@ -149,6 +154,55 @@ def test_a_killed_sweep_run_again_runs_only_its_unfinished_jobs_under_the_same_p
     assert resumed.returncode == 0, out[-3000:]
     assert f"sweep {sweep}: all 4 jobs FINISHED before" in out and "nothing to run" in out
     assert len(_store(tmp_path)[2]) == 4
+
+
+def _restored_elsewhere_plans_the_same_jobs(tmp_path, sweep, said):
+    """The killed sweep's study file, restored into a store in another folder: the same command
+    line there plans the same attempt; with a data file changed there, every job runs again and
+    the plan says which recorded field differs."""
+    saved = _slca_exp(
+        tmp_path,
+        "compare",
+        sweep,
+        "--tracking-uri",
+        "sqlite:///out/mlflow.db",
+        "--save-study",
+        "killed.json.gz",
+    )
+    assert saved.returncode == 0, saved.stderr[-3000:]
+    there = tmp_path / "elsewhere"
+    there.mkdir()
+    args = (
+        "restore",
+        str(tmp_path / "killed.json.gz"),
+        "--tracking-uri",
+        "sqlite:///out/mlflow.db",
+    )
+    restored = _slca_exp(there, *args)
+    assert restored.returncode == 0, restored.stderr[-3000:]
+    assert f"restored sweep {sweep} into sqlite:///{there / 'out' / 'mlflow.db'}" in restored.stdout
+    assert "2 runs (2 FINISHED)" in restored.stdout, restored.stdout  # the killed one had no job
+    assert "slca-exp train -m algorithm=grpo,slca_grpo seed=0,1" in restored.stdout
+    twice = _slca_exp(there, *args)
+    assert twice.returncode == 2 and f"already holds sweep {sweep}" in twice.stderr, twice.stderr
+
+    planned = _slca_exp(there, "train", "--dry-run", *SWEEP_ARGS)
+    assert planned.returncode == 0, planned.stderr[-3000:]
+    assert said in planned.stdout, planned.stdout[-3000:]
+    assert "run again" not in planned.stderr, planned.stderr[-3000:]
+    client, (copy,), children = _store(there)
+    assert copy.data.tags[COPY_OF] != copy.info.run_id and copy.data.tags[SWEEP] == sweep
+    assert sorted(r.data.tags[JOB] for r in children) == ["0", "1"]
+
+    # the same rows written with other bytes: the recorded sha256 no longer matches
+    (val,) = (there / "out" / "data").rglob("val.parquet")
+    pq.write_table(pq.read_table(val), val, row_group_size=1, compression="none")
+    planned = _slca_exp(there, "train", "--dry-run", *SWEEP_ARGS)
+    assert planned.returncode == 0, planned.stderr[-3000:]
+    assert "(attempt 2): jobs to run 0, 1, ..., 3 (4 jobs); 0 FINISHED" in planned.stdout
+    note = next(x for x in planned.stderr.splitlines() if "run again" in x)
+    assert f"2 FINISHED jobs of sweep {sweep} run again (0, 1)" in note, note
+    assert "job 0 (run " in note and "differs in data.files.val.sha256. " in note, note
 
 
 def test_a_run_resumed_by_another_sweep_moves_to_it_and_the_old_parent_says_where(tmp_path):
