@@ -399,3 +399,56 @@ def test_a_study_file_is_refused_with_the_reason(study, tmp_path, capsys):
     with pytest.raises(SystemExit):
         compare_main(["iso2", "--tracking-uri", uri, "--save-study", str(tmp_path / "s.json")])
     assert "a study file's name ends with .json.gz" in capsys.readouterr().err
+
+
+def test_a_restored_study_joins_its_experiment_in_another_store_and_compares_as_saved(
+    study, tmp_path, capsys
+):
+    """``slca-exp restore`` writes a study file's sweep into a store that already has its
+    experiment: the runs there are left alone, the sweep compares as in its own store, and a
+    second restore, or one of a study without a sweep, is refused with the reason."""
+    from slca_exp.commands.restore import main as restore_main
+
+    uri, _, _ = study
+    saved = tmp_path / "iso2.json.gz"
+    metric = ["--metric", "val/reward/tool/mean"]
+    assert compare_main(["iso2", "--tracking-uri", uri, *metric, "--out", str(tmp_path / "a"),
+                         "--save-study", str(saved)]) == 0  # fmt: skip
+    other = f"sqlite:///{tmp_path / 'other' / 'mlflow.db'}"
+    (tmp_path / "other").mkdir()
+    client = MlflowClient(other)
+    exp = client.create_experiment("iso", artifact_location=(tmp_path / "other-art").as_uri())
+    theirs = client.create_run(exp, run_name="someone else's")
+    client.log_metric(theirs.info.run_id, "val/reward/tool/mean", 0.5)
+    capsys.readouterr()
+
+    assert restore_main([str(saved), "--tracking-uri", other]) == 0
+    out = capsys.readouterr().out
+    assert f"restored sweep iso2 into {other}: parent run " in out
+    assert "8 runs (8 FINISHED)" in out and "to resume it" not in out  # it recorded no command
+    runs = client.search_runs([exp])
+    assert len(runs) == 1 + 1 + 8
+    mine = client.get_run(theirs.info.run_id)
+    assert mine.data.metrics == {"val/reward/tool/mean": 0.5}
+    assert "slca.copy_of" not in mine.data.tags
+    assert compare_main(["iso2", "--tracking-uri", other, *metric, "--out", f"{tmp_path}/b"]) == 0
+    for name in ("table.md", "differences.md"):
+        assert (tmp_path / "a" / name).read_text() == (tmp_path / "b" / name).read_text(), name
+    capsys.readouterr()
+
+    assert restore_main([str(saved), "--tracking-uri", other]) == 2
+    assert f"{other} already holds sweep iso2 (parent run " in capsys.readouterr().err
+    source = MlflowClient(uri)  # an experiment's runs, outside any sweep
+    loose = source.create_experiment("loose", artifact_location=(tmp_path / "l").as_uri())
+    for seed in (0, 1):
+        run = source.create_run(loose, tags={"slca.swept.seed": str(seed)})
+        source.log_metric(run.info.run_id, "val/reward/tool/mean", 0.1 * seed)
+        source.set_terminated(run.info.run_id)
+    runs_only = tmp_path / "loose.json.gz"
+    assert compare_main(["loose", "--tracking-uri", uri, *metric, "--out", str(tmp_path / "c"),
+                         "--save-study", str(runs_only)]) == 0  # fmt: skip
+    capsys.readouterr()
+    assert restore_main([str(runs_only), "--tracking-uri", other]) == 2
+    assert "holds the runs of experiment 'loose', not a sweep" in capsys.readouterr().err
+    assert restore_main([str(tmp_path / "none.json.gz")]) == 2
+    assert "no such file" in capsys.readouterr().err
