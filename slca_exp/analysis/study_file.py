@@ -16,7 +16,8 @@ committed beside it:
 
 :func:`load_study` writes it into an MLflow store (``compare`` uses a temporary one), each run
 tagged with the id it had (:data:`~slca_exp.core.tags.COPY_OF`), which compare shows in place of
-the copy's id. Saving a loaded copy writes the same file again.
+the copy's id. Saving a loaded copy writes the same file again. :func:`restore_study`
+(``slca-exp restore``) writes a sweep's file into a lasting store, where the sweep resumes.
 """
 
 from __future__ import annotations
